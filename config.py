@@ -3,7 +3,8 @@
 A YAML means the same run on a cluster and locally. On a cluster Determined hands us the full
 experiment config (`det.get_cluster_info().trial._config`, defaults filled) and the trial's
 hyperparameters; locally we read the YAML (`--config`), apply `--set` overrides, and pick each
-hyperparameter's value (its `val`; for a search space, the first category or the minimum). Either way `run_plan()` turns it into the arguments of `det.pytorch.init()` and
+hyperparameter's value (its `val`; for a search space, the first category or the minimum).
+Either way `run_plan()` turns it into the arguments of `det.pytorch.init()` and
 `Trainer.fit()`, because with a script entrypoint Determined applies none of them for us.
 """
 
@@ -184,7 +185,7 @@ def _length(value: Any, field: str, allow_records: bool = False) -> Length | Non
     if value in (None, {}):
         return None
     if isinstance(value, dict) and len(value) == 1:
-        (unit, n), = value.items()
+        ((unit, n),) = value.items()
         if unit in ("batches", "epochs") and isinstance(n, int) and n > 0:
             return Length(unit, n)
         if unit == "records" and not allow_records:
@@ -227,8 +228,7 @@ def run_plan(conf: dict[str, Any], hparams: dict[str, Any], slots: int) -> RunPl
     unknown = set(hparams) - set(HPARAM_DEFAULTS) - {"train_length"}
     if unknown:
         raise ConfigError(
-            f"hyperparameters: unknown {sorted(unknown)}; known: {sorted(HPARAM_DEFAULTS)} "
-            "and train_length."
+            f"hyperparameters: unknown {sorted(unknown)}; known: {sorted(HPARAM_DEFAULTS)} and train_length."
         )
     hp = {**HPARAM_DEFAULTS, **hparams}
     data = {**DATA_DEFAULTS, **(conf.get("data") or {})}

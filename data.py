@@ -24,9 +24,10 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -144,9 +145,7 @@ class SquadSet:
     skipped: list[str] = field(default_factory=list)  # training ids whose answer is not found
 
 
-def load_squad(
-    source: str | os.PathLike, *, training: bool, download_dir: Path | None = None
-) -> SquadSet:
+def load_squad(source: str | os.PathLike, *, training: bool, download_dir: Path | None = None) -> SquadSet:
     """Parse and validate a SQuAD v1.1 / v2.0 file.
 
     Training drops (and reports) questions whose first answer is not where `answer_start` says;
@@ -210,13 +209,10 @@ def load_squad(
                     start = ans.get("answer_start")
                     if not isinstance(start, int) or not 0 <= start < len(context):
                         raise DataError(
-                            f"{place}: answer_start {start!r} is outside the context "
-                            f"(length {len(context)})."
+                            f"{place}: answer_start {start!r} is outside the context (length {len(context)})."
                         )
                 if not impossible and not answers and not has_impossible:
-                    raise DataError(
-                        f"{place}: no answers and not marked is_impossible (v1.1 needs answers)."
-                    )
+                    raise DataError(f"{place}: no answers and not marked is_impossible (v1.1 needs answers).")
                 example = Example(qid, question, context, answers, impossible or not answers)
                 if training and not example.is_impossible:
                     first = answers[0]
@@ -443,12 +439,7 @@ def build_features(
                 offs[row, h : h + n, 0] = starts[ws:we]
                 offs[row, h : h + n, 1] = ends[ws:we]
             if labels:
-                inside = (
-                    not ex.is_impossible
-                    and n > 0
-                    and starts[ws] <= s_char
-                    and ends[we - 1] >= e_char
-                )
+                inside = not ex.is_impossible and n > 0 and starts[ws] <= s_char and ends[we - 1] >= e_char
                 if inside:
                     start_pos[row] = h + min(s_tok, we - 1) - ws
                     end_pos[row] = h + max(e_tok, ws) - ws
@@ -458,9 +449,7 @@ def build_features(
         if (i + 1) % 4096 == 0 or i + 1 == len(examples):
             bar.update((i % 4096) + 1)
     bar.close()
-    return Features(
-        input_ids, lengths, example_index, types, start_pos, end_pos, offs, template.cls_index
-    )
+    return Features(input_ids, lengths, example_index, types, start_pos, end_pos, offs, template.cls_index)
 
 
 def _progress(total: int, desc: str, enabled: bool) -> Any:
@@ -528,7 +517,11 @@ def prepare_features(
 
     def build() -> Features:
         return build_features(
-            squad.examples, tokenizer, spec, labels=training, offsets=not training,
+            squad.examples,
+            tokenizer,
+            spec,
+            labels=training,
+            offsets=not training,
             progress=progress,
         )
 

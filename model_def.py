@@ -6,11 +6,14 @@ work (windows, cache, answer extraction) lives in data.py and scoring in squad_m
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import math
+import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import determined as det
 import numpy as np
@@ -133,11 +136,13 @@ class Collator:
         return batch
 
 
-MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "start_positions", "end_positions")
+def forward_params(model: torch.nn.Module) -> frozenset[str]:
+    """What the model's forward takes (DistilBERT-like models take no token_type_ids)."""
+    return frozenset(inspect.signature(model.forward).parameters)
 
 
-def model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {k: v for k, v in batch.items() if k in MODEL_INPUTS}
+def model_inputs(batch: dict[str, torch.Tensor], accepted: frozenset[str]) -> dict[str, torch.Tensor]:
+    return {k: v for k, v in batch.items() if k in accepted and k != "feature_index"}
 
 
 # --------------------------------------------------------------------------------------------
@@ -146,7 +151,7 @@ def model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 class SquadEvaluator(pytorch.MetricReducer):
-    def __init__(self, trial: "SquadTrial") -> None:
+    def __init__(self, trial: SquadTrial) -> None:
         self.trial = trial
         self.reset()
 
@@ -154,9 +159,7 @@ class SquadEvaluator(pytorch.MetricReducer):
         self.parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
 
     def update(self, index: torch.Tensor, start: torch.Tensor, end: torch.Tensor) -> None:
-        self.parts.append(
-            (index.cpu().numpy(), start.float().cpu().numpy(), end.float().cpu().numpy())
-        )
+        self.parts.append((index.cpu().numpy(), start.float().cpu().numpy(), end.float().cpu().numpy()))
 
     def per_slot_reduce(self) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
         return self.parts
@@ -200,7 +203,9 @@ def build_optimizer(model: torch.nn.Module, hp: dict[str, Any], device: torch.de
         if not param.requires_grad:
             continue
         # No weight decay for biases and LayerNorm weights (the BERT recipe).
-        (no_decay if name.endswith("bias") or "LayerNorm" in name or "norm" in name.lower() else decay).append(param)
+        (
+            no_decay if name.endswith("bias") or "LayerNorm" in name or "norm" in name.lower() else decay
+        ).append(param)
     groups = [
         {"params": decay, "weight_decay": hp["weight_decay"]},
         {"params": no_decay, "weight_decay": 0.0},
@@ -261,7 +266,8 @@ class SquadTrial(pytorch.PyTorchTrial):
         if self.train_set.skipped and context.distributed.rank == 0:
             logger.warning(
                 "skipped %d training questions whose answer is not at its answer_start: %s",
-                len(self.train_set.skipped), self.train_set.skipped[:10],
+                len(self.train_set.skipped),
+                self.train_set.skipped[:10],
             )
         self.train_features, _ = data.prepare_features(
             self.train_set, self.tokenizer, model_name, spec, "train", cache_dir
@@ -285,6 +291,7 @@ class SquadTrial(pytorch.PyTorchTrial):
         self.scaler = None
         if hp["precision"] == "fp16":
             self.scaler = context.wrap_scaler(torch.amp.GradScaler("cuda"))
+        self.accepted = forward_params(model)
         self.model = context.wrap_model(model)
         if hp["torch_compile"]:
             self.model = torch.compile(self.model)
@@ -341,10 +348,16 @@ class SquadTrial(pytorch.PyTorchTrial):
             num_workers=self.cfg["num_workers"],
         )
 
+    def eval_batch_size(self) -> int:
+        return self.cfg["eval_batch_size"] or 2 * self.context.get_per_slot_batch_size()
+
     def build_validation_data_loader(self) -> pytorch.DataLoader:
-        batch = self.cfg["eval_batch_size"] or 2 * self.context.get_per_slot_batch_size()
         sampler = FeatureBatchSampler(
-            self.val_features.lengths, batch, shuffle=False, group_by_length=True, seed=0
+            self.val_features.lengths,
+            self.eval_batch_size(),
+            shuffle=False,
+            group_by_length=True,
+            seed=0,
         )
         collate = Collator(self.val_features, True, self.hp["pad_to_multiple_of"], labels=False)
         return pytorch.DataLoader(
@@ -360,7 +373,7 @@ class SquadTrial(pytorch.PyTorchTrial):
 
     def train_batch(self, batch: dict[str, torch.Tensor], epoch_idx: int, batch_idx: int) -> dict[str, Any]:
         with self.autocast():
-            loss = self.model(**model_inputs(batch)).loss
+            loss = self.model(**model_inputs(batch, self.accepted)).loss
         self.context.backward(self.scaler.scale(loss) if self.scaler else loss)
         max_norm = self.hp["max_grad_norm"]
 
@@ -378,7 +391,7 @@ class SquadTrial(pytorch.PyTorchTrial):
 
     def evaluate_batch(self, batch: dict[str, torch.Tensor], batch_idx: int) -> dict[str, Any]:
         with self.autocast():
-            out = self.model(**model_inputs(batch))
+            out = self.model(**model_inputs(batch, self.accepted))
         self.evaluator.update(batch["feature_index"], out.start_logits, out.end_logits)
         return {"eval_windows": float(len(batch["feature_index"]))}
 
@@ -416,21 +429,40 @@ class RunLog(pytorch.PyTorchCallback):
         self.checkpoint: str | None = None
         self.steps_completed = 0
         self.last_train_loss: float | None = None
+        # Training wall time, excluding validation and checkpointing, for samples/s.
+        self.train_seconds = 0.0
+        self.batches_timed = 0
+        self._since: float | None = None
+
+    def _pause(self) -> None:
+        if self._since is not None:
+            self.train_seconds += time.perf_counter() - self._since
+            self._since = None
+
+    def on_training_start(self) -> None:
+        self._since = time.perf_counter()
+
+    def on_validation_start(self) -> None:
+        self._pause()
+
+    def on_checkpoint_save_start(self, checkpoint: dict[str, Any]) -> None:
+        self._pause()
+        self.steps_completed = self.trial.context._current_batch_idx + 1
 
     def on_training_workload_end(self, avg_metrics: dict[str, Any], batch_metrics: Any) -> None:
         if batch_metrics:
             self.last_train_loss = float(batch_metrics[-1]["loss"])
+            self.batches_timed += len(batch_metrics)
 
     def on_validation_end(self, metrics: dict[str, Any]) -> None:
         self.validation = dict(metrics)
+        self._since = time.perf_counter()
 
     def on_checkpoint_write_end(self, checkpoint_dir: str) -> None:
         # Every checkpoint also holds hf/: save_pretrained model + tokenizer, loadable anywhere.
         export_hf(self.trial, Path(checkpoint_dir))
         self.checkpoint = str(checkpoint_dir)
-
-    def on_checkpoint_save_start(self, checkpoint: dict[str, Any]) -> None:
-        self.steps_completed = self.trial.context._current_batch_idx + 1
+        self._since = time.perf_counter()
 
 
 def export_hf(trial: SquadTrial, checkpoint_dir: Path) -> None:
@@ -449,5 +481,8 @@ def export_hf(trial: SquadTrial, checkpoint_dir: Path) -> None:
         "max_answer_length": trial.cfg["max_answer_length"],
         "null_score_diff_threshold": trial.cfg["null_score_diff_threshold"],
         "pretrained_model": trial.cfg["pretrained_model"],
+        # predict.py batches like evaluation did, so its logits (and EM/F1) match exactly.
+        "eval_batch_size": trial.eval_batch_size(),
+        "pad_to_multiple_of": trial.hp["pad_to_multiple_of"],
     }
     (hf / QA_SETTINGS).write_text(json.dumps(settings, indent=1))

@@ -16,7 +16,7 @@ import json
 import re
 import string
 import sys
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 from data import DataError, Example, load_squad
 
@@ -58,9 +58,7 @@ def references(example: Example, version: str) -> list[str]:
     return texts
 
 
-def score(
-    examples: Iterable[Example], predictions: Mapping[str, str], version: str
-) -> dict[str, float]:
+def score(examples: Iterable[Example], predictions: Mapping[str, str], version: str) -> dict[str, float]:
     """EM / F1 (in percent) as the official script of `version` reports them."""
     examples = list(examples)
     exact: dict[str, float] = {}
@@ -110,9 +108,7 @@ def main(argv: list[str] | None = None) -> int:
                 predictions = json.load(f)
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
             raise DataError(f"{pred_file}: cannot read predictions ({err}).") from None
-        if not isinstance(predictions, dict) or not all(
-            isinstance(v, str) for v in predictions.values()
-        ):
+        if not isinstance(predictions, dict) or not all(isinstance(v, str) for v in predictions.values()):
             raise DataError(f"{pred_file}: predictions must be a JSON object of id -> answer text.")
     except DataError as err:
         print(f"error: {err}", file=sys.stderr)

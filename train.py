@@ -21,8 +21,9 @@ import logging
 import os
 import random
 import sys
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import config
 import data
@@ -34,7 +35,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Fine-tune BERT on SQuAD with Determined.")
     parser.add_argument("--config", type=Path, default=ROOT / "local.yaml", help="experiment YAML")
     parser.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="override a config value, e.g. --set hyperparameters.learning_rate=1e-4",
     )
     length = parser.add_mutually_exclusive_group()
@@ -42,10 +47,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     length.add_argument("--epochs", type=int, help="total training length in epochs")
     parser.add_argument("--resume", type=Path, help="checkpoint directory to continue from")
     parser.add_argument(
-        "--checkpoint-dir", type=Path, default=ROOT / "checkpoints",
+        "--checkpoint-dir",
+        type=Path,
+        default=ROOT / "checkpoints",
         help="where local runs keep checkpoints (DIR/determined/UUID)",
     )
     args = parser.parse_args(argv)
+    # Local runs work in the project directory, as a cluster trial works in its context
+    # directory: relative paths in a config are relative to it, and Determined copies it
+    # (filtered by .detignore) into each checkpoint's code/.
+    args.config = args.config.resolve()
+    args.checkpoint_dir = args.checkpoint_dir.resolve()
+    args.resume = args.resume.resolve() if args.resume else None
     for name in ("batches", "epochs"):
         value = getattr(args, name)
         if value is not None and value < 1:
@@ -167,6 +180,7 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
     # Check everything before any long work; a bad config ends here with a clear message.
     plan = config.run_plan(exp_conf, hparams, slots)
     if not on_cluster:
+        os.chdir(ROOT)
         seed_everything(plan.seed)
         # Local checkpoints go to DIR/determined/UUID (Determined's local storage follows XDG).
         os.environ["XDG_DATA_HOME"] = str(args.checkpoint_dir.resolve())
@@ -187,6 +201,10 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
             "checkpoint": log.checkpoint,
             "steps_completed": log.steps_completed,
             "last_train_loss": log.last_train_loss,
+            "train_seconds": round(log.train_seconds, 2),
+            "samples_per_s": round(
+                log.batches_timed * plan.hparams["global_batch_size"] / max(log.train_seconds, 1e-9), 2
+            ),
         }
 
 

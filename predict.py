@@ -1,0 +1,179 @@
+"""Answer questions with a trained checkpoint.
+
+    python3 predict.py --checkpoint DIR --question "Who won?" --context "..."
+    python3 predict.py --checkpoint DIR --squad dev.json --out predictions.json
+
+DIR is a checkpoint directory written by train.py (or a cluster checkpoint), its hf/ folder, or a
+Determined checkpoint UUID when a master is reachable (DET_MASTER). Windowing, batching and answer
+extraction are the ones evaluation uses (data.py, model_def.py), so `squad_metric.py` on the
+written predictions reproduces the trial's validation EM/F1. The last stdout line is JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import data
+
+UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+
+
+def find_hf_dir(checkpoint: str) -> Path:
+    """The hf/ export inside a checkpoint (downloading a UUID through the Determined SDK)."""
+    path = Path(checkpoint)
+    if not path.exists() and UUID.match(checkpoint):
+        path = download_checkpoint(checkpoint)
+    if not path.is_dir():
+        raise data.DataError(f"--checkpoint {checkpoint}: no such directory (or reachable UUID).")
+    for candidate in (path / "hf", path):
+        if (candidate / "config.json").is_file() and (candidate / "qa_settings.json").is_file():
+            return candidate
+    raise data.DataError(
+        f"--checkpoint {checkpoint}: not a checkpoint of this project (no hf/config.json and "
+        "hf/qa_settings.json); pass a directory train.py wrote."
+    )
+
+
+def download_checkpoint(uuid: str) -> Path:
+    from determined.experimental import client
+
+    master = os.environ.get("DET_MASTER")
+    if not master:
+        raise data.DataError(
+            f"--checkpoint {uuid}: looks like a Determined checkpoint UUID, but DET_MASTER is not "
+            "set; set it (and log in with `det user login`) or pass a directory."
+        )
+    try:
+        client.login(master=master)
+        target = Path(tempfile.mkdtemp(prefix=f"ckpt-{uuid[:8]}-"))
+        client.get_checkpoint(uuid).download(str(target))
+    except Exception as err:  # the SDK raises many kinds; all mean "could not fetch"
+        raise data.DataError(f"--checkpoint {uuid}: cannot download from {master} ({err}).") from None
+    return target
+
+
+class Predictor:
+    def __init__(self, checkpoint: str, device: str | None = None, batch_size: int | None = None):
+        import torch
+        from transformers import AutoModelForQuestionAnswering
+
+        hf = find_hf_dir(checkpoint)
+        self.settings = json.loads((hf / "qa_settings.json").read_text())
+        self.tokenizer = data.load_tokenizer(str(hf))
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.model = AutoModelForQuestionAnswering.from_pretrained(hf).to(self.device).eval()
+        s = self.settings
+        self.spec = data.WindowSpec(s["max_seq_length"], s["doc_stride"], s["max_query_length"])
+        self.batch_size = batch_size or s.get("eval_batch_size", 32)
+
+    def logits(self, features: data.Features) -> tuple[np.ndarray, np.ndarray]:
+        """Start/end logits of every window, batched exactly like the trial's evaluation."""
+        import torch
+
+        from model_def import (
+            Collator,
+            FeatureBatchSampler,
+            assemble_logits,
+            forward_params,
+            model_inputs,
+        )
+
+        sampler = FeatureBatchSampler(
+            features.lengths, self.batch_size, shuffle=False, group_by_length=True, seed=0
+        )
+        collate = Collator(features, True, self.settings.get("pad_to_multiple_of", 8), labels=False)
+        accepted = forward_params(self.model)
+        parts = []
+        with torch.inference_mode():
+            for indices in sampler.batches(0):
+                batch = collate(indices.tolist())
+                out = self.model(**{k: v.to(self.device) for k, v in model_inputs(batch, accepted).items()})
+                parts.append(
+                    (
+                        batch["feature_index"].numpy(),
+                        out.start_logits.float().cpu().numpy(),
+                        out.end_logits.float().cpu().numpy(),
+                    )
+                )
+        return assemble_logits(parts, features)
+
+    def answer(self, examples: Sequence[data.Example]) -> data.Answers:
+        features = data.build_features(examples, self.tokenizer, self.spec, labels=False, offsets=True)
+        start, end = self.logits(features)
+        s = self.settings
+        return data.extract_answers(
+            examples,
+            features,
+            start,
+            end,
+            n_best=s["n_best_size"],
+            max_answer_length=s["max_answer_length"],
+            version_2=s["squad_version"] == "2.0",
+            null_score_diff_threshold=s["null_score_diff_threshold"],
+        )
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(obj, f, ensure_ascii=False)
+    os.replace(tmp, path)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Answer questions with a SQuAD checkpoint.")
+    parser.add_argument("--checkpoint", required=True, help="checkpoint dir, its hf/, or a UUID")
+    parser.add_argument("--question")
+    parser.add_argument("--context")
+    parser.add_argument("--squad", help="SQuAD JSON to answer (with --out)")
+    parser.add_argument("--out", type=Path, help="predictions.json (question id -> answer)")
+    parser.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+    parser.add_argument("--batch-size", type=int)
+    args = parser.parse_args(argv)
+    single = args.question is not None or args.context is not None
+    if single == bool(args.squad):
+        parser.error("give either --question and --context, or --squad FILE --out FILE")
+    if args.squad and not args.out:
+        parser.error("--squad needs --out FILE")
+    if single and (not (args.question or "").strip() or not (args.context or "").strip()):
+        print("error: --question and --context must both be non-empty text.", file=sys.stderr)
+        return 2
+    if args.batch_size is not None and args.batch_size < 1:
+        parser.error("--batch-size must be positive")
+    try:
+        predictor = Predictor(args.checkpoint, args.device, args.batch_size)
+        if single:
+            example = data.Example("question", args.question, args.context, [])
+            answers = predictor.answer([example])
+            start, end = int(answers.start[0]), int(answers.end[0])
+            result = {
+                "answer": answers.text["question"],
+                "score": float(answers.score[0]),
+                "start": max(start, 0),
+                "end": max(end, 0),
+            }
+        else:
+            squad = data.load_squad(args.squad, training=False)
+            answers = predictor.answer(squad.examples)
+            write_json_atomic(args.out, answers.text)
+            result = {"predictions": str(args.out), "questions": len(answers.text)}
+    except data.DataError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps(result, ensure_ascii=False))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""Shared fixtures: tiny random-init models with the real MiniLM (bert-base-uncased) tokenizer."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+DATA = ROOT / "squad_data"
+TRAIN_V1 = DATA / "train-v1.1-excerpt.json"
+DEV_V1 = DATA / "dev-v1.1-excerpt.json"
+DEV_V2 = DATA / "dev-v2.0-excerpt.json"
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def tokenizer() -> Any:
+    import data
+
+    return data.load_tokenizer(data.EMBEDDED_MODEL)
+
+
+def _tiny(kind: str, tokenizer: Any, path: Path) -> Path:
+    import torch
+    from transformers import (
+        BertConfig,
+        BertForQuestionAnswering,
+        DistilBertConfig,
+        DistilBertForQuestionAnswering,
+    )
+
+    torch.manual_seed(0)
+    if kind == "bert":
+        cfg = BertConfig(
+            vocab_size=tokenizer.vocab_size,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=64,
+            max_position_embeddings=512,
+        )
+        model = BertForQuestionAnswering(cfg)
+    else:
+        cfg = DistilBertConfig(
+            vocab_size=tokenizer.vocab_size,
+            dim=32,
+            n_layers=2,
+            n_heads=2,
+            hidden_dim=64,
+        )
+        model = DistilBertForQuestionAnswering(cfg)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_bert(tokenizer: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _tiny("bert", tokenizer, tmp_path_factory.mktemp("tiny-bert"))
+
+
+@pytest.fixture(scope="session")
+def tiny_distilbert(tokenizer: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _tiny("distilbert", tokenizer, tmp_path_factory.mktemp("tiny-distilbert"))
+
+
+def tiny_config(model: Path, tmp: Path, **data_overrides: Any) -> dict[str, Any]:
+    """A fast experiment config: tiny model, the real excerpts, 128-token windows."""
+    return {
+        "name": "test",
+        "entrypoint": "python3 train.py",
+        "data": {
+            "pretrained_model": str(model),
+            "train_file": str(TRAIN_V1),
+            "validation_file": str(DEV_V1),
+            "squad_version": "1.1",
+            "cache_dir": str(tmp / "cache"),
+            "max_seq_length": 128,
+            "doc_stride": 32,
+            "max_query_length": 32,
+            **data_overrides,
+        },
+        "hyperparameters": {
+            "global_batch_size": 8,
+            "learning_rate": 1e-3,
+            "warmup_ratio": 0.0,
+            "optimizer": "adamw",
+            "precision": "fp32",
+            "train_length": {"type": "const", "val": {"batches": 4}},
+        },
+        "searcher": {"name": "single", "metric": "f1", "smaller_is_better": False},
+        "checkpoint_policy": "none",
+        "scheduling_unit": 2,
+        "reproducibility": {"experiment_seed": 7},
+    }
+
+
+def write_yaml(conf: dict[str, Any], path: Path) -> Path:
+    path.write_text(yaml.safe_dump(conf))
+    return path
+
+
+def run_train(args: list[str]) -> tuple[int, dict[str, Any] | None, str]:
+    """train.main in this process: (exit code, last stdout JSON, stderr)."""
+    import train
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = train.main(args)
+    lines = [line for line in out.getvalue().splitlines() if line.strip()]
+    result = json.loads(lines[-1]) if code == 0 and lines else None
+    return code, result, err.getvalue()

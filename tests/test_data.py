@@ -1,0 +1,250 @@
+"""data.py on the real SQuAD excerpts: windows, labels, offsets, cache, sources, bad input."""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import json
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import DATA, DEV_V1, DEV_V2, TRAIN_V1
+
+import data
+import squad_metric
+from bench.features import compare, standard_recipe
+
+LOCAL_TRAIN = DATA / "local-train-v1.1.json"
+
+
+def _labelled_span_matches(examples, tokenizer, spec) -> tuple[int, list[str]]:
+    f = data.build_features(examples, tokenizer, spec, labels=True, offsets=True)
+    checked, bad = 0, []
+    for row in range(len(f)):
+        ex = examples[f.example_index[row]]
+        s, e = f.start_positions[row], f.end_positions[row]
+        if ex.is_impossible or s == f.cls_index:
+            continue
+        checked += 1
+        text = ex.context[f.offsets[row, s, 0] : f.offsets[row, e, 1]]
+        if squad_metric.normalize_answer(text) != squad_metric.normalize_answer(ex.answers[0]["text"]):
+            bad.append(f"{ex.id}: {text!r} != {ex.answers[0]['text']!r}")
+    return checked, bad
+
+
+@pytest.mark.parametrize("path", [TRAIN_V1, LOCAL_TRAIN, DEV_V2])
+def test_labelled_spans_decode_to_the_answer(path: Path, tokenizer) -> None:
+    squad = data.load_squad(path, training=True)
+    checked, bad = _labelled_span_matches(squad.examples, tokenizer, data.WindowSpec(384, 128, 64))
+    assert checked > 250
+    assert len(bad) <= 0.005 * checked, "\n".join(bad)
+
+
+def test_sub_word_answers_are_covered_by_their_token_span(tokenizer) -> None:
+    # The dev article has answers that are parts of words ("gold" in "golden", "8" in "18"):
+    # no token span isolates them, but the labelled span must still contain the answer.
+    squad = data.load_squad(DEV_V1, training=True)
+    checked, bad = _labelled_span_matches(squad.examples, tokenizer, data.WindowSpec(384, 128, 64))
+    assert len(bad) <= 0.03 * checked, "\n".join(bad)
+    for line in bad:
+        labelled, answer = line.split(": ", 1)[1].split(" != ")
+        assert answer.strip("'").lower() in labelled.strip("'").lower(), line
+
+
+def test_short_windows_label_every_window_and_cls_elsewhere(tokenizer) -> None:
+    squad = data.load_squad(TRAIN_V1, training=True)
+    spec = data.WindowSpec(96, 24, 32)  # many windows per example
+    f = data.build_features(squad.examples, tokenizer, spec, labels=True, offsets=True)
+    assert len(f) > 2 * len(squad.examples)
+    checked, bad = _labelled_span_matches(squad.examples, tokenizer, spec)
+    assert len(bad) <= 0.005 * checked, "\n".join(bad)
+    # A window whose context does not hold the answer labels CLS.
+    assert (f.start_positions == f.cls_index).sum() > 0
+    assert (f.lengths <= 96).all() and (np.diff(f.example_index) >= 0).all()
+
+
+def test_features_identical_to_the_standard_recipe(tokenizer) -> None:
+    squad = data.load_squad(TRAIN_V1, training=True)
+    for spec in (data.WindowSpec(384, 128, 64), data.WindowSpec(128, 32, 32)):
+        ours = data.build_features(squad.examples, tokenizer, spec, labels=True, offsets=False)
+        assert compare(ours, standard_recipe(squad.examples, tokenizer, spec)) == []
+
+
+def test_long_question_long_context_and_non_ascii(tokenizer) -> None:
+    context = ("Zürich’s café — “naïve” façade, 東京 and Ελλάδα. " * 60) + "The answer is Ödön."
+    question = "Where " + "really " * 120 + "is it?"
+    start = context.index("Ödön")
+    ex = data.Example("q1", question, context, [{"text": "Ödön", "answer_start": start}])
+    spec = data.WindowSpec(128, 48, 64)
+    f = data.build_features([ex], tokenizer, spec, labels=True, offsets=True)
+    assert len(f) > 5 and (f.lengths <= 128).all()
+    # The question is cut to max_query_length tokens: 1 [CLS] + 64 + 1 [SEP] before the context.
+    assert (f.offsets[:, :66, 0] == -1).all() and (f.offsets[:, 66, 0] >= 0).all()
+    row = np.flatnonzero(f.start_positions != f.cls_index)[-1]
+    s, e = f.start_positions[row], f.end_positions[row]
+    assert context[f.offsets[row, s, 0] : f.offsets[row, e, 1]] == "Ödön"
+
+
+def test_window_spec_rejects_a_stride_longer_than_the_window() -> None:
+    with pytest.raises(data.DataError, match="doc_stride"):
+        data.WindowSpec(100, 60, 64).check()
+
+
+BAD_FILES = {
+    "empty": (b"", "empty"),
+    "truncated": (b'{"data": [{"title": "x", "paragraphs": [', "truncated JSON"),
+    "latin1": ('{"data": []}  café'.encode("latin-1"), "not UTF-8"),
+    "no-data": (b'{"version": "1.1"}', "'data' list"),
+}
+
+
+def _squad(qas, context="Paris is the capital of France.") -> dict:
+    return {"data": [{"title": "T", "paragraphs": [{"context": context, "qas": qas}]}]}
+
+
+QA = {"id": "a", "question": "What?", "answers": [{"text": "Paris", "answer_start": 0}]}
+BAD_DOCS = {
+    "missing-context": (
+        {"data": [{"title": "T", "paragraphs": [{"qas": []}]}]},
+        "paragraph 0: missing or empty 'context'",
+    ),
+    "missing-id": (_squad([{"question": "q", "answers": []}]), "question 0: missing 'id'"),
+    "missing-answers": (_squad([{"id": "a", "question": "q"}]), "question id a: missing 'answers'"),
+    "duplicate-id": (_squad([QA, QA]), "question id a: duplicate"),
+    "answer-outside": (
+        _squad([{**QA, "answers": [{"text": "x", "answer_start": 999}]}]),
+        "answer_start 999 is outside the context",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", BAD_FILES)
+def test_bad_files_get_a_clear_error(name: str, tmp_path: Path) -> None:
+    raw, message = BAD_FILES[name]
+    path = tmp_path / f"{name}.json"
+    path.write_bytes(raw)
+    with pytest.raises(data.DataError, match=message) as err:
+        data.load_squad(path, training=False)
+    assert str(path) in str(err.value)
+
+
+@pytest.mark.parametrize("name", BAD_DOCS)
+def test_bad_documents_name_the_place(name: str, tmp_path: Path) -> None:
+    doc, message = BAD_DOCS[name]
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(data.DataError, match=message) as err:
+        data.load_squad(path, training=False)
+    assert str(path) in str(err.value) and "article 0" in str(err.value)
+
+
+def test_training_skips_and_reports_answers_not_in_the_context(tmp_path: Path) -> None:
+    moved = {**QA, "id": "b", "answers": [{"text": "Paris", "answer_start": 3}]}
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(_squad([QA, moved])))
+    train = data.load_squad(path, training=True)
+    assert [e.id for e in train.examples] == ["a"] and train.skipped == ["b"]
+    assert len(data.load_squad(path, training=False).examples) == 2  # evaluation keeps all
+
+
+def test_versions_detected_and_missing_version_key_is_fine() -> None:
+    assert data.load_squad(TRAIN_V1, training=True).version == "1.1"  # no "version" key
+    v2 = data.load_squad(DEV_V2, training=False)
+    assert v2.version == "2.0" and sum(e.is_impossible for e in v2.examples) == 702
+
+
+def test_cache_roundtrip_and_fingerprint(tokenizer, tiny_bert, tmp_path: Path) -> None:
+    squad = data.load_squad(TRAIN_V1, training=True)
+    spec = data.WindowSpec(128, 32, 32)
+    f1, state1 = data.prepare_features(squad, tokenizer, "m", spec, "train", tmp_path)
+    f2, state2 = data.prepare_features(squad, tokenizer, "m", spec, "train", tmp_path)
+    assert (state1, state2) == ("built", "hit")
+    assert isinstance(f2.input_ids, np.memmap)
+    for name in ("input_ids", "lengths", "start_positions", "token_type_ids"):
+        assert np.array_equal(getattr(f1, name), getattr(f2, name))
+    base = data.features_fingerprint(squad, "m", tokenizer, spec, "train")
+    other_file = data.load_squad(DEV_V1, training=True)
+    other_tok = data.load_tokenizer(str(tiny_bert))
+    other_tok.add_tokens(["zzzqqq"])  # a different vocabulary
+    variants = [
+        data.features_fingerprint(other_file, "m", tokenizer, spec, "train"),
+        data.features_fingerprint(squad, "other-name", tokenizer, spec, "train"),
+        data.features_fingerprint(squad, "m", other_tok, spec, "train"),
+        data.features_fingerprint(squad, "m", tokenizer, data.WindowSpec(128, 32, 16), "train"),
+        data.features_fingerprint(squad, "m", tokenizer, data.WindowSpec(256, 32, 32), "train"),
+        data.features_fingerprint(squad, "m", tokenizer, data.WindowSpec(128, 64, 32), "train"),
+        data.features_fingerprint(squad, "m", tokenizer, spec, "validation"),
+    ]
+    assert base not in variants and len(set(variants)) == len(variants)
+    assert not list(tmp_path.glob(".*")), "no temporary directories left behind"
+
+
+class _Handler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture()
+def http_dir(tmp_path: Path):
+    root = tmp_path / "served"
+    root.mkdir()
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(_Handler, directory=str(root))
+    )
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield root, f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_download_verifies_the_official_digest(http_dir, tmp_path: Path) -> None:
+    root, url = http_dir
+    (root / "dev-v1.1.json").write_bytes(DEV_V1.read_bytes())  # not the full official file
+    dest = tmp_path / "dl"
+    with pytest.raises(data.DataError, match="expected 95aa6a52"):
+        data.resolve_source(f"{url}/dev-v1.1.json", dest)
+    assert not (dest / "dev-v1.1.json").exists() and not list(dest.glob(".dev*"))
+    (root / "mine.json").write_bytes(DEV_V1.read_bytes())  # a name with no pinned digest
+    path = data.resolve_source(f"{url}/mine.json", dest)
+    assert path.read_bytes() == DEV_V1.read_bytes()
+    assert data.load_squad(f"{url}/mine.json", training=False, download_dir=dest).examples
+
+
+def test_offline_download_says_where_to_put_the_file(tmp_path: Path) -> None:
+    with pytest.raises(data.DataError, match="copy the file to .*train-v1.1.json"):
+        data.resolve_source("http://127.0.0.1:9/train-v1.1.json", tmp_path)
+
+
+def test_missing_local_file(tmp_path: Path) -> None:
+    with pytest.raises(data.DataError, match="no such file"):
+        data.resolve_source(tmp_path / "nope.json")
+
+
+def test_cli_prints_json_last_and_fails_cleanly(tiny_bert, tmp_path: Path, capsys) -> None:
+    args = [
+        "--squad",
+        str(TRAIN_V1),
+        "--tokenizer",
+        str(tiny_bert),
+        "--split",
+        "train",
+        "--max-seq-length",
+        "128",
+        "--doc-stride",
+        "32",
+        "--cache-dir",
+        str(tmp_path),
+    ]
+    assert data.main(args) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["examples"] == 269 and out["cache"] == "built" and out["features"] >= 269
+    assert data.main(args) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["cache"] == "hit"
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    assert (
+        data.main(["--squad", str(bad), "--tokenizer", str(tiny_bert), "--split", "train", "--no-cache"]) == 2
+    )
+    assert "invalid or truncated JSON" in capsys.readouterr().err

@@ -1,0 +1,120 @@
+"""Exact resume (mid-epoch, aggregation 2) and predict.py."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import DEV_V1, ROOT, run_train, tiny_config, write_yaml
+
+
+def _checkpoints(root: Path) -> dict[int, Path]:
+    out = {}
+    for meta in (root / "determined").glob("*/metadata.json"):
+        out[json.loads(meta.read_text())["steps_completed"]] = meta.parent
+    return out
+
+
+def test_resume_mid_epoch_with_aggregation_equals_uninterrupted(tiny_bert: Path, tmp_path: Path) -> None:
+    conf = tiny_config(tiny_bert, tmp_path)
+    conf["optimizations"] = {"aggregation_frequency": 2}
+    conf["min_checkpoint_period"] = {"batches": 6}
+    conf["hyperparameters"]["warmup_ratio"] = 0.2
+    conf["hyperparameters"]["learning_rate"] = 3e-3
+    path = write_yaml(conf, tmp_path / "exp.yaml")
+    full_dir = tmp_path / "full"
+    code, full, err = run_train(["--config", str(path), "--checkpoint-dir", str(full_dir), "--batches", "12"])
+    assert code == 0, err
+    mid = _checkpoints(full_dir)[6]  # taken mid-epoch (an epoch here is ~100 batches)
+    code, resumed, err = run_train(
+        [
+            "--config",
+            str(path),
+            "--checkpoint-dir",
+            str(tmp_path / "resumed"),
+            "--resume",
+            str(mid),
+            "--batches",
+            "12",
+        ]
+    )
+    assert code == 0, err
+    assert resumed["steps_completed"] == full["steps_completed"] == 12
+    for key in ("exact_match", "f1", "last_train_loss"):
+        assert resumed[key] == pytest.approx(full[key], abs=1e-6), key
+
+
+def test_resume_rejects_a_foreign_directory(tiny_bert: Path, tmp_path: Path) -> None:
+    path = write_yaml(tiny_config(tiny_bert, tmp_path), tmp_path / "exp.yaml")
+    code, _, err = run_train(["--config", str(path), "--resume", str(tmp_path)])
+    assert code == 2 and "not a checkpoint written by train.py" in err
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_bert: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    tmp = tmp_path_factory.mktemp("trained")
+    conf = tiny_config(tiny_bert, tmp)
+    path = write_yaml(conf, tmp / "exp.yaml")
+    code, result, err = run_train(
+        ["--config", str(path), "--checkpoint-dir", str(tmp / "ckpt"), "--batches", "6"]
+    )
+    assert code == 0, err
+    return Path(result["checkpoint"]), result
+
+
+def _predict(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "predict.py"), *args], capture_output=True, text=True, timeout=300
+    )
+
+
+def test_single_question_over_a_context_longer_than_one_window(trained) -> None:
+    ckpt, _ = trained
+    context = " ".join(["The stadium hosted many games over the years."] * 40) + " Denver won the title."
+    out = _predict("--checkpoint", str(ckpt), "--question", "Who won the title?", "--context", context)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert set(result) == {"answer", "score", "start", "end"}
+    assert context[result["start"] : result["end"]] == result["answer"] and result["answer"]
+    assert 0 < result["score"] <= 1
+
+
+def test_batch_predictions_score_equal_to_the_trials_validation(trained, tmp_path: Path) -> None:
+    ckpt, result = trained
+    preds = tmp_path / "p.json"
+    out = _predict("--checkpoint", str(ckpt / "hf"), "--squad", str(DEV_V1), "--out", str(preds))
+    assert out.returncode == 0, out.stderr
+    scored = subprocess.run(
+        [sys.executable, str(ROOT / "squad_metric.py"), str(DEV_V1), str(preds)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    metrics = json.loads(scored.stdout.strip().splitlines()[-1])
+    assert metrics["exact_match"] == result["exact_match"] and metrics["f1"] == result["f1"]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--checkpoint", "/nope", "--question", "q", "--context", "c"], "no such directory"),
+        (["--question", "q", "--context", "c"], "not a checkpoint of this project"),
+        (["--question", " ", "--context", "c"], "must both be non-empty"),
+        (["--squad", "/nope.json", "--out", "x.json"], "no such file"),
+        (
+            ["--checkpoint", "0b1c2d3e-0000-4000-8000-000000000000", "--question", "q", "--context", "c"],
+            "DET_MASTER",
+        ),
+    ],
+)
+def test_predict_errors(args: list[str], message: str, trained, tmp_path: Path) -> None:
+    ckpt, _ = trained
+    if "--checkpoint" not in args:
+        foreign = tmp_path if "--question" in args and args[1] == "q" else ckpt
+        args = ["--checkpoint", str(foreign), *args]
+    out = _predict(*args)
+    assert out.returncode == 2 and message in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
