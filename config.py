@@ -88,6 +88,12 @@ def apply_overrides(conf: dict[str, Any], overrides: list[str]) -> dict[str, Any
             value = yaml.safe_load(raw) if raw else ""
         except yaml.YAMLError:
             value = raw
+        if isinstance(value, str):
+            # YAML 1.1 reads 2e-4 as text; the master's YAML 1.2 reads it as a number.
+            try:
+                value = float(value) if any(c in value for c in ".eE") else int(value)
+            except ValueError:
+                pass
         parts = key.split(".")
         node = conf
         for part in parts[:-1]:

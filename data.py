@@ -543,6 +543,19 @@ def prepare_features(
 # --------------------------------------------------------------------------------------------
 
 
+def _top_k(x: np.ndarray, k: int) -> np.ndarray:
+    """Indices of each row's k largest values, largest first, ties by lower index.
+
+    argpartition + sorting k values is much cheaper than a full argsort of every row.
+    """
+    if k >= x.shape[1]:
+        return np.argsort(-x, axis=1, kind="stable")
+    part = np.argpartition(-x, k - 1, axis=1)[:, :k]
+    values = np.take_along_axis(x, part, axis=1)
+    order = np.lexsort((part, -values), axis=1)
+    return np.take_along_axis(part, order, axis=1)
+
+
 @dataclass
 class Answers:
     text: dict[str, str]  # question id -> answer ("" = no answer)
@@ -578,8 +591,8 @@ def extract_answers(
     in_context = offsets[:, :, 0] >= 0
     s_masked = np.where(in_context, start_logits, -np.inf)
     e_masked = np.where(in_context, end_logits, -np.inf)
-    s_idx = np.argsort(-s_masked, axis=1, kind="stable")[:, :k]  # [F, k]
-    e_idx = np.argsort(-e_masked, axis=1, kind="stable")[:, :k]
+    s_idx = _top_k(s_masked, k)  # [F, k]
+    e_idx = _top_k(e_masked, k)
     s_val = np.take_along_axis(s_masked, s_idx, axis=1)
     e_val = np.take_along_axis(e_masked, e_idx, axis=1)
     score = s_val[:, :, None] + e_val[:, None, :]  # [F, k, k]
@@ -588,7 +601,7 @@ def extract_answers(
     score = np.where(valid, score, -np.inf).reshape(F, k * k)
 
     # Keep each window's n_best spans, then rank all spans of an example (stable: first wins).
-    top = np.argsort(-score, axis=1, kind="stable")[:, :n_best]  # [F, n]
+    top = _top_k(score, min(n_best, k * k))  # [F, n]
     cand_score = np.take_along_axis(score, top, axis=1).ravel()
     cand_feature = np.repeat(np.arange(F), top.shape[1])
     cand_start = s_idx[cand_feature, top.ravel() // k]
@@ -629,12 +642,10 @@ def extract_answers(
     text: dict[str, str] = {}
     start = np.full(E, -1, dtype=np.int64)
     end = np.full(E, -1, dtype=np.int64)
-    first_rows = np.flatnonzero(first)
-    for row in first_rows:
-        e = cand_example[row]
-        f = cand_feature[row]
-        start[e] = offsets[f, cand_start[row], 0]
-        end[e] = offsets[f, cand_end[row], 1]
+    rows = np.flatnonzero(first)
+    chosen, feat = cand_example[rows], cand_feature[rows]
+    start[chosen] = offsets[feat, cand_start[rows], 0]
+    end[chosen] = offsets[feat, cand_end[rows], 1]
     for e, ex in enumerate(examples):
         if choose_null[e]:
             start[e] = end[e] = -1

@@ -234,3 +234,14 @@ def test_torchrun_two_processes_equals_one_process_evaluation(tiny_bert: Path, t
     )
     single = json.loads(scored.stdout.strip().splitlines()[-1])
     assert single["exact_match"] == result["exact_match"] and single["f1"] == result["f1"]
+
+
+def test_set_overrides_parse_values() -> None:
+    conf = config.apply_overrides(
+        {"data": {}},
+        ["hyperparameters.learning_rate=2e-4", "data.squad_version=2.0", "data.name=x1", "a.b.c=3"],
+    )
+    assert conf["hyperparameters"]["learning_rate"] == {"type": "const", "val": 2e-4}
+    assert conf["data"] == {"squad_version": 2.0, "name": "x1"} and conf["a"]["b"]["c"] == 3
+    with pytest.raises(config.ConfigError, match="dotted.key=value"):
+        config.apply_overrides({}, ["novalue"])
