@@ -1,0 +1,268 @@
+"""Inference speed: questions/s and ms per question through predict.py's own path.
+
+Two parts, one run:
+
+1. End to end (`predict.Predictor`: windowing, batched forward, answer extraction) on the real
+   dev-v1.1 excerpt -- batch mode (all questions at once, time split into features / model /
+   extraction) and single mode (one question per call, the latency a user of
+   `predict.py --question` sees). Default model: the embedded MiniLM BERT exported like a
+   checkpoint's hf/ (untrained QA head: speed does not depend on the weights); or --checkpoint.
+2. Model shapes: forward-only sequences/s at a fixed length for BERT-base (random weights) and
+   the checkpoint's model, per precision and batch size -- the numbers to compare with NVIDIA's
+   119 sequences/s for BERT-base SQuAD inference on one V100 (as cited in issue 4).
+
+    python3 bench/inference.py [--checkpoint DIR] [--questions 810] [--single 60] [--json FILE]
+    python3 bench/inference.py --device cuda --shapes-only          # on a GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import config  # noqa: E402
+import data  # noqa: E402
+import predict  # noqa: E402
+
+NVIDIA_V100_SEQ_PER_S = 119.0
+BERT_BASE = dict(
+    vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072
+)
+
+
+def export_embedded(target: Path, conf_path: Path) -> Path:
+    """A checkpoint-like hf/ export of the embedded default model, with local.yaml's settings."""
+    from transformers import AutoModelForQuestionAnswering
+    from transformers.utils import logging as hf_logging
+
+    conf = config.load_yaml(conf_path)
+    plan = config.run_plan(conf, config.local_hparams(conf), 1)
+    cfg = plan.data
+    hf_logging.set_verbosity_error()  # the QA head is newly initialised; that is the point here
+    name = cfg["pretrained_model"]
+    model = AutoModelForQuestionAnswering.from_pretrained(data.resolve_pretrained(name))
+    model.save_pretrained(target, safe_serialization=True)
+    data.load_tokenizer(name).save_pretrained(target)
+    settings = {
+        key: cfg[key]
+        for key in (
+            "squad_version",
+            "max_seq_length",
+            "doc_stride",
+            "max_query_length",
+            "n_best_size",
+            "max_answer_length",
+            "null_score_diff_threshold",
+            "pretrained_model",
+        )
+    }
+    settings["eval_batch_size"] = cfg["eval_batch_size"] or 2 * plan.hparams["global_batch_size"]
+    settings["pad_to_multiple_of"] = plan.hparams["pad_to_multiple_of"]
+    (target / "qa_settings.json").write_text(json.dumps(settings))
+    return target
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def end_to_end(predictor: predict.Predictor, examples: list, single: int) -> dict[str, Any]:
+    s = predictor.settings
+    predictor.answer(examples[:4])  # warm-up: first-call allocations, thread pools
+
+    t0 = time.perf_counter()
+    features = data.build_features(examples, predictor.tokenizer, predictor.spec, labels=False, offsets=True)
+    t1 = time.perf_counter()
+    start, end = predictor.logits(features)
+    sync(predictor.device)
+    t2 = time.perf_counter()
+    data.extract_answers(
+        examples,
+        features,
+        start,
+        end,
+        n_best=s["n_best_size"],
+        max_answer_length=s["max_answer_length"],
+        version_2=s["squad_version"] == "2.0",
+        null_score_diff_threshold=s["null_score_diff_threshold"],
+    )
+    t3 = time.perf_counter()
+    total = t3 - t0
+    batch = {
+        "questions": len(examples),
+        "windows": len(features),
+        "batch_size": predictor.batch_size,
+        "seconds": round(total, 3),
+        "questions_per_s": round(len(examples) / total, 1),
+        "ms_per_question": round(1000 * total / len(examples), 2),
+        "windows_per_s_model": round(len(features) / (t2 - t1), 1),
+        "share_features": round((t1 - t0) / total, 3),
+        "share_model": round((t2 - t1) / total, 3),
+        "share_extraction": round((t3 - t2) / total, 3),
+    }
+
+    latencies = []
+    for example in examples[:single]:
+        t = time.perf_counter()
+        predictor.answer([example])
+        sync(predictor.device)
+        latencies.append(1000 * (time.perf_counter() - t))
+    latencies.sort()
+    one = {
+        "questions": len(latencies),
+        "ms_median": round(statistics.median(latencies), 1),
+        "ms_p90": round(latencies[int(0.9 * (len(latencies) - 1))], 1),
+        "questions_per_s": round(1000 * len(latencies) / sum(latencies), 1),
+    }
+    return {"batch": batch, "single": one}
+
+
+def forward_rate(
+    model: torch.nn.Module, batch: int, length: int, dtype: str, device: torch.device, min_seconds: float
+) -> float:
+    """Sequences/s of the forward pass alone, full-length windows, under inference_mode."""
+    ids = torch.randint(1000, 30000, (batch, length), device=device)
+    inputs = {
+        "input_ids": ids,
+        "attention_mask": torch.ones_like(ids),
+        "token_type_ids": torch.zeros_like(ids),
+    }
+    half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(dtype)
+    autocast = torch.autocast(device.type, dtype=half, enabled=half is not None)
+    with torch.inference_mode(), autocast:
+        for _ in range(2):
+            model(**inputs)
+        sync(device)
+        runs, t0 = 0, time.perf_counter()
+        while True:
+            model(**inputs)
+            runs += 1
+            sync(device)
+            elapsed = time.perf_counter() - t0
+            if elapsed >= min_seconds and runs >= 3:
+                return runs * batch / elapsed
+
+
+def shapes(models: dict[str, torch.nn.Module], args: argparse.Namespace, device: torch.device) -> list[dict]:
+    # CPU default fp32 only: this 2-core VM has no native bf16 (bf16 autocast measured 6x slower).
+    precisions = args.precisions or (["fp32", "fp16", "bf16"] if device.type == "cuda" else ["fp32"])
+    batches = args.shape_batches or ([1, 8, 32, 128] if device.type == "cuda" else [1, 8])
+    rows = []
+    for name, model in models.items():
+        model.to(device).eval()
+        for dtype in precisions:
+            for batch in batches:
+                rate = forward_rate(model, batch, args.length, dtype, device, args.min_seconds)
+                row = {
+                    "model": name,
+                    "precision": dtype,
+                    "batch": batch,
+                    "length": args.length,
+                    "sequences_per_s": round(rate, 1),
+                    "ms_per_sequence": round(1000 / rate, 2),
+                }
+                if name == "bert-base":
+                    row["vs_nvidia_v100"] = round(rate / NVIDIA_V100_SEQ_PER_S, 2)
+                rows.append(row)
+                print(
+                    f"  {name:10s} {dtype:5s} batch {batch:4d} x {args.length}: {rate:9.1f} seq/s", flush=True
+                )
+        model.cpu()
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--checkpoint", help="checkpoint dir or its hf/ (default: embedded model export)")
+    parser.add_argument("--squad", default=str(ROOT / "squad_data" / "dev-v1.1-excerpt.json"))
+    parser.add_argument("--questions", type=int, default=810, help="questions for batch mode")
+    parser.add_argument("--single", type=int, default=60, help="questions timed one at a time")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--length", type=int, default=384, help="sequence length for the shape sweep")
+    parser.add_argument("--precisions", nargs="*", choices=["fp32", "fp16", "bf16"])
+    parser.add_argument("--shape-batches", nargs="*", type=int)
+    parser.add_argument("--min-seconds", type=float, default=3.0, help="per shape measurement")
+    parser.add_argument("--shapes-only", action="store_true")
+    parser.add_argument("--no-shapes", action="store_true")
+    parser.add_argument("--json", type=Path, help="write the numbers here")
+    args = parser.parse_args(argv)
+    if args.questions < 1 or args.single < 0 or args.length < 8:
+        parser.error("--questions >= 1, --single >= 0, --length >= 8")
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device here")
+    if "fp16" in (args.precisions or []) and device.type != "cuda":
+        parser.error("--precisions fp16 needs --device cuda")
+
+    machine = (
+        torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else (f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads")
+    )
+    result: dict[str, Any] = {
+        "device": machine,
+        "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%d"),
+    }
+    print(f"device: {machine}")
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            checkpoint = args.checkpoint or str(export_embedded(Path(tmp), ROOT / "local.yaml"))
+            predictor = predict.Predictor(checkpoint, str(device))
+            squad = data.load_squad(args.squad, training=False)
+        except (data.DataError, config.ConfigError) as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        name = predictor.settings["pretrained_model"]
+        result["model"] = name
+        if not args.shapes_only:
+            examples = squad.examples[: args.questions]
+            result["end_to_end"] = end_to_end(predictor, examples, args.single)
+            b, one = result["end_to_end"]["batch"], result["end_to_end"]["single"]
+            print(f"end to end, {name}, {Path(args.squad).name}:")
+            print(
+                f"  batch  ({b['questions']} questions, {b['windows']} windows, batch {b['batch_size']}): "
+                f"{b['questions_per_s']} questions/s, {b['ms_per_question']} ms/question "
+                f"(features {b['share_features']:.0%}, model {b['share_model']:.0%}, "
+                f"extraction {b['share_extraction']:.0%})"
+            )
+            print(
+                f"  single ({one['questions']} calls): median {one['ms_median']} ms, p90 {one['ms_p90']} ms, "
+                f"{one['questions_per_s']} questions/s"
+            )
+        if not args.no_shapes:
+            from transformers import BertConfig, BertForQuestionAnswering
+
+            torch.manual_seed(0)
+            models = {
+                name: predictor.model,
+                "bert-base": BertForQuestionAnswering(BertConfig(**BERT_BASE, attn_implementation="sdpa")),
+            }
+            print(
+                f"forward only, {args.length} tokens "
+                f"(NVIDIA, BERT-base on one V100: {NVIDIA_V100_SEQ_PER_S} seq/s):"
+            )
+            result["shapes"] = shapes(models, args, device)
+    if args.json:
+        predict.write_json_atomic(args.json, result)
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
