@@ -150,7 +150,9 @@ def allow_determined_checkpoints() -> None:
     )
 
 
-def run(args: argparse.Namespace) -> dict[str, Any] | None:
+def run(args: argparse.Namespace, trial_class: type | None = None) -> dict[str, Any] | None:
+    """Train as configured; rank 0 returns the final metrics. `trial_class` lets benchmarks
+    instrument the trial (a SquadTrial subclass); users never need it."""
     import determined as det
     from determined import pytorch
 
@@ -189,7 +191,7 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
     allow_determined_checkpoints()
 
     with pytorch.init(**plan.init_kwargs(exp_conf), distributed=distributed) as context:
-        trial = model_def.SquadTrial(context)
+        trial = (trial_class or model_def.SquadTrial)(context)
         trainer = pytorch.Trainer(trial, context)
         with resume_at(steps or 0):
             trainer.fit(**plan.fit_kwargs(latest))

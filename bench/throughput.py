@@ -1,0 +1,454 @@
+"""Training throughput, side by side in one run, on real SQuAD windows.
+
+    python3 bench/throughput.py [--model embedded|bert-base] [--batches 24] [--json FILE]
+    python3 bench/throughput.py --model bert-base --device cuda --precision bf16 --json gpu.json
+
+Two comparisons, each on identical inputs:
+
+1. Harness overhead. (a) the trial through Determined's local Trainer (train.py's own `run`,
+   timed by the trial's RunLog), and (b) a bare PyTorch loop doing what `train_batch` does with
+   the same model, optimizer, schedule and the *same batches* (the trial's sampler, epoch 0, its
+   seed). Run twice each, interleaved; harness_overhead = trial / bare (sequences/s). The last
+   losses are printed: equal losses show the two loops saw the same batches.
+2. The fast path, switch by switch, over the same windows (a fixed random sample of the training
+   set): the standard recipe (every window padded to max_seq_length, random batches, eager
+   attention, plain AdamW, fp32), then + length-grouped batches with dynamic padding, + SDPA
+   attention, + fused AdamW (CUDA), + bf16/fp16 autocast (--precision), + torch.compile
+   (--compile). The last rung is the fast path (the trial's settings);
+   dynamic_padding_speedup = fast path / standard recipe.
+
+FLOPs per batch are counted from the model config: 6 x (non-embedding parameters) x tokens,
+plus attention 12 x layers x hidden x width per token, over the tokens actually computed (the
+padded width). On a GPU the table shows model FLOPs utilisation against the card's dense
+bf16 peak, and the fast path's projected time for SQuAD v1.1 x 2 epochs (88.6k windows x 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import itertools
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import config  # noqa: E402
+import data  # noqa: E402
+import model_def  # noqa: E402
+import train  # noqa: E402
+
+BERT_BASE = dict(
+    vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072
+)
+# Dense (no sparsity) bf16 tensor-core peaks, TFLOP/s, from NVIDIA's data sheets.
+BF16_PEAK_TFLOPS = {
+    "H100 SXM": 989.4,
+    "H100 NVL": 835.0,
+    "H100 PCIe": 756.0,
+    "H100": 989.4,
+    "H200": 989.4,
+    "A100": 312.0,
+    "L40S": 362.0,
+    "A10": 125.0,
+    "V100": 125.0,
+}
+SQUAD_V11_WINDOWS = 88_600  # train-v1.1 at 384/128 with the bert-base-uncased vocab
+SEED = 42
+
+
+@dataclass
+class Rung:
+    name: str
+    padded: bool  # every window padded to max_seq_length, random batches
+    attn: str
+    optimizer: str  # "plain" torch AdamW, or "trial" = model_def.build_optimizer (fused on CUDA)
+    precision: str
+    compile: bool = False
+
+
+def peak_tflops(device: torch.device) -> float | None:
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    for key, value in BF16_PEAK_TFLOPS.items():  # the most specific names come first
+        if key in name:
+            return value
+    return None
+
+
+def model_dir(kind: str, tmp: Path, tokenizer: Any) -> str:
+    if kind == "embedded":
+        return data.resolve_pretrained(data.EMBEDDED_MODEL)
+    from transformers import BertConfig, BertForQuestionAnswering
+
+    torch.manual_seed(0)  # random weights: speed does not depend on them
+    path = tmp / "bert-base"
+    BertForQuestionAnswering(BertConfig(**BERT_BASE)).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+def flop_counter(model_path: str) -> Callable[[int, int], float]:
+    from transformers import AutoConfig, AutoModelForQuestionAnswering
+
+    cfg = AutoConfig.from_pretrained(model_path)
+    with torch.device("meta"):
+        model = AutoModelForQuestionAnswering.from_config(cfg)
+    embedding = sum(p.numel() for n, p in model.named_parameters() if "embeddings" in n)
+    dense = sum(p.numel() for p in model.parameters()) - embedding
+    layers, hidden = cfg.num_hidden_layers, cfg.hidden_size
+
+    def flops(batch: int, width: int) -> float:
+        return batch * width * (6.0 * dense + 12.0 * layers * hidden * width)
+
+    return flops
+
+
+class Loop:
+    """What SquadTrial.train_batch does, without Determined: forward, backward, clip, step."""
+
+    def __init__(self, model_path: str, rung: Rung, hp: dict[str, Any], total: int, device: torch.device):
+        from transformers import AutoModelForQuestionAnswering
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        train.seed_everything(SEED)  # as train.py seeds before the trial builds its model
+        model = AutoModelForQuestionAnswering.from_pretrained(model_path, attn_implementation=rung.attn)
+        self.model = model.to(device).train()
+        self.accepted = model_def.forward_params(model)
+        if rung.optimizer == "plain":
+            self.optimizer = torch.optim.AdamW(
+                model.parameters(),
+                lr=hp["learning_rate"],
+                eps=hp["adam_epsilon"],
+                weight_decay=hp["weight_decay"],
+            )
+        else:
+            self.optimizer = model_def.build_optimizer(model, hp, device)
+        warmup = int(hp["warmup_ratio"] * total)
+        self.schedule = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, model_def.linear_warmup_decay(total, warmup)
+        )
+        self.dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(rung.precision)
+        self.scaler = torch.amp.GradScaler("cuda") if rung.precision == "fp16" else None
+        self.forward = torch.compile(self.model) if rung.compile else self.model
+        self.device, self.max_norm = device, hp["max_grad_norm"]
+
+    def step(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        inputs = {
+            k: v.to(self.device, non_blocking=True)
+            for k, v in model_def.model_inputs(batch, self.accepted).items()
+        }
+        with torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype is not None):
+            loss = self.forward(**inputs).loss
+        if self.scaler:
+            self.scaler.scale(loss).backward()
+            self.scaler.unscale_(self.optimizer)
+        else:
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_norm)
+        if self.scaler:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.schedule.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_loop(loop: Loop, batches: Iterable[dict[str, torch.Tensor]], warmup: int) -> tuple[float, float]:
+    """(seconds after the first `warmup` batches, last loss); warm-up batches train but are not timed."""
+    loss = torch.zeros(())
+    batches = iter(batches)
+    for batch in itertools.islice(batches, warmup):
+        loop.step(batch)
+    sync(loop.device)
+    t0 = time.perf_counter()
+    for batch in batches:
+        loss = loop.step(batch)
+    sync(loop.device)
+    return time.perf_counter() - t0, float(loss)
+
+
+def tiny_validation_file(tmp: Path) -> Path:
+    """One dev paragraph: the trial validates once at the end; that is not what we time."""
+    dev = json.loads((ROOT / "squad_data" / "dev-v1.1-excerpt.json").read_text())
+    article = dev["data"][0]
+    one = {
+        "version": dev.get("version", "1.1"),
+        "data": [{"title": article["title"], "paragraphs": article["paragraphs"][:1]}],
+    }
+    path = tmp / "dev-one-paragraph.json"
+    path.write_text(json.dumps(one))
+    return path
+
+
+def trial_config(args: argparse.Namespace, model_path: str, tmp: Path) -> Path:
+    conf = config.load_yaml(ROOT / "local.yaml")
+    conf["data"].update(
+        pretrained_model=model_path,
+        train_file=str(args.train_file),
+        validation_file=str(tiny_validation_file(tmp)),
+        cache_dir=str(tmp / "cache"),
+        max_seq_length=args.max_seq_length,
+        doc_stride=args.doc_stride,
+    )
+    conf["hyperparameters"].update(
+        global_batch_size=args.batch_size,
+        precision=args.precision,
+        torch_compile=args.compile,
+        train_length={"type": "const", "val": {"batches": args.batches}},
+    )
+    conf["reproducibility"] = {"experiment_seed": SEED}
+    conf["scheduling_unit"] = args.batches
+    path = tmp / "trial.yaml"
+    path.write_text(yaml.safe_dump(conf))
+    return path
+
+
+def run_trial(conf_path: Path, tmp: Path, run: int) -> dict[str, Any]:
+    """The trial through Determined's local Trainer, exactly as `python3 train.py` runs it."""
+    cwd = os.getcwd()
+    args = train.parse_args(["--config", str(conf_path), "--checkpoint-dir", str(tmp / f"ckpt-{run}")])
+    with contextlib.redirect_stdout(io.StringIO()):
+        result = train.run(args)
+    os.chdir(cwd)
+    assert result is not None
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--model",
+        choices=["embedded", "bert-base"],
+        default="embedded",
+        help="embedded: the MiniLM BERT of the CPU default; bert-base: random BERT-base",
+    )
+    parser.add_argument("--train-file", type=Path, default=ROOT / "squad_data" / "local-train-v1.1.json")
+    parser.add_argument("--batches", type=int, default=24, help="timed batches per measurement")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed batches before each ladder rung")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--max-seq-length", type=int, default=384)
+    parser.add_argument("--doc-stride", type=int, default=128)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument(
+        "--precision",
+        choices=config.PRECISIONS,
+        help="fast path precision (default: bf16 on CUDA, fp32 on CPU)",
+    )
+    parser.add_argument("--compile", action="store_true", help="add a torch.compile rung")
+    parser.add_argument("--repeats", type=int, default=2, help="interleaved trial / bare-loop runs")
+    parser.add_argument("--skip-trial", action="store_true", help="only the fast-path ladder")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device here")
+    args.precision = args.precision or ("bf16" if device.type == "cuda" else "fp32")
+    if args.precision == "fp16" and device.type != "cuda":
+        parser.error("--precision fp16 needs --device cuda")
+    if min(args.batches, args.batch_size, args.repeats) < 1 or args.warmup < 0:
+        parser.error("--batches, --batch-size, --repeats must be positive; --warmup >= 0")
+    if not args.train_file.is_file():
+        parser.error(f"--train-file {args.train_file}: no such file")
+
+    machine = (
+        torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else (f"{platform.machine()} CPU, {torch.get_num_threads()} threads")
+    )
+    print(f"device: {machine}; torch {torch.__version__}", flush=True)
+    tmp_dir = tempfile.TemporaryDirectory()
+    tmp = Path(tmp_dir.name)
+    tokenizer = data.load_tokenizer(data.EMBEDDED_MODEL)  # the bert-base-uncased vocab
+    model_path = model_dir(args.model, tmp, tokenizer)
+    conf_path = trial_config(args, model_path, tmp)
+    conf = config.load_yaml(conf_path)
+    plan = config.run_plan(conf, config.local_hparams(conf), 1)
+    hp = plan.hparams
+    squad = data.load_squad(args.train_file, training=True)
+    spec = data.WindowSpec(args.max_seq_length, args.doc_stride, plan.data["max_query_length"])
+    features = data.build_features(squad.examples, tokenizer, spec, labels=True, offsets=False)
+    flops = flop_counter(model_path)
+    peak = peak_tflops(device)
+    result: dict[str, Any] = {
+        "device": machine,
+        "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%d"),
+        "model": args.model,
+        "batch_size": args.batch_size,
+        "max_seq_length": args.max_seq_length,
+        "windows_in_train_file": len(features),
+        "mean_window_tokens": round(float(features.lengths.mean()), 1),
+        "bf16_peak_tflops": peak,
+    }
+    rows: list[dict[str, Any]] = []
+
+    def record(
+        name: str, seconds: float, batches: list[dict[str, torch.Tensor]], extra: dict | None = None
+    ) -> dict:
+        seqs = sum(len(b["input_ids"]) for b in batches)
+        real = sum(int(b["attention_mask"].sum()) for b in batches)
+        computed = sum(b["input_ids"].numel() for b in batches)
+        work = sum(flops(*b["input_ids"].shape) for b in batches)
+        row = {
+            "name": name,
+            "seconds": round(seconds, 3),
+            "sequences_per_s": round(seqs / seconds, 2),
+            "tokens_per_s": round(real / seconds, 1),
+            "padded_tokens_per_s": round(computed / seconds, 1),
+            "padding_share": round(1 - real / computed, 3),
+            "tflops": round(work / seconds / 1e12, 3),
+        }
+        if peak:
+            row["mfu"] = round(work / seconds / 1e12 / peak, 3)
+        row.update(extra or {})
+        rows.append(row)
+        mfu = f"  MFU {row['mfu']:.1%}" if "mfu" in row else ""
+        print(
+            f"  {name:44s} {row['sequences_per_s']:9.2f} seq/s {row['tokens_per_s']:11.0f} tok/s  "
+            f"pad {row['padding_share']:.0%}{mfu}",
+            flush=True,
+        )
+        return row
+
+    # 1. Trial vs bare loop on the trial's own batches.
+    if not args.skip_trial:
+        sampler = model_def.FeatureBatchSampler(
+            features.lengths, args.batch_size, shuffle=True, group_by_length=hp["group_by_length"], seed=SEED
+        )
+        collate = model_def.Collator(features, hp["group_by_length"], hp["pad_to_multiple_of"], labels=True)
+        trial_batches = [collate(ix.tolist()) for ix in sampler.batches(0)[: args.batches]]
+        fast = Rung("fast", False, hp["attn_implementation"], "trial", args.precision, args.compile)
+        print(
+            f"harness: {args.batches} batches of {args.batch_size}, trial (Determined local Trainer) "
+            "vs bare loop, same batches",
+            flush=True,
+        )
+        trial_s, bare_s, losses = [], [], {}
+        for r in range(args.repeats):
+            loop = Loop(model_path, fast, hp, args.batches, device)
+            sampler.epoch = 0  # each repeat replays the trial's first epoch
+            # Batches come through a torch DataLoader as in the trial: collation is inside the
+            # timed loop for both, and the loader's seed draw keeps dropout's RNG in step.
+            loader = torch.utils.data.DataLoader(
+                model_def.FeatureDataset(len(features)), batch_sampler=sampler, collate_fn=collate
+            )
+            seconds, losses["bare"] = time_loop(loop, itertools.islice(loader, args.batches), 0)
+            bare_s.append(seconds)
+            del loop
+            out = run_trial(conf_path, tmp, r)
+            trial_s.append(out["train_seconds"])
+            losses["trial"] = out["last_train_loss"]
+            print(f"  run {r + 1}: bare {seconds:.2f} s, trial {out['train_seconds']:.2f} s", flush=True)
+        bare = record(
+            "bare loop (trial's batches and settings)",
+            float(np.mean(bare_s)),
+            trial_batches,
+            {"runs_seconds": [round(s, 3) for s in bare_s], "last_loss": losses["bare"]},
+        )
+        trial = record(
+            "trial via Determined local Trainer",
+            float(np.mean(trial_s)),
+            trial_batches,
+            {"runs_seconds": [round(s, 3) for s in trial_s], "last_loss": losses["trial"]},
+        )
+        result["harness_overhead"] = round(trial["sequences_per_s"] / bare["sequences_per_s"], 3)
+        result["same_batches_last_loss"] = {k: round(v, 6) for k, v in losses.items()}
+        print(
+            f"  harness_overhead (trial / bare) = {result['harness_overhead']:.3f}; last loss bare "
+            f"{losses['bare']:.6f}, trial {losses['trial']:.6f}",
+            flush=True,
+        )
+
+    # 2. The ladder: the same windows, one switch at a time.
+    rng = np.random.default_rng(SEED)
+    n = min(len(features), (args.batches + args.warmup) * args.batch_size)
+    sample = rng.permutation(len(features))[:n]
+    ladder = [
+        Rung("standard recipe (pad to max, eager, AdamW, fp32)", True, "eager", "plain", "fp32"),
+        Rung("+ length-grouped dynamic padding", False, "eager", "plain", "fp32"),
+        Rung("+ SDPA attention", False, "sdpa", "plain", "fp32"),
+    ]
+    if device.type == "cuda":
+        ladder.append(Rung("+ fused AdamW", False, "sdpa", "trial", "fp32"))
+    if args.precision != "fp32":
+        ladder.append(Rung(f"+ {args.precision} autocast", False, "sdpa", "trial", args.precision))
+    if args.compile:
+        ladder.append(Rung("+ torch.compile", False, "sdpa", "trial", args.precision, True))
+    print(
+        f"fast path ladder: the same {n} windows ({args.warmup} warm-up + {args.batches} timed batches "
+        f"of {args.batch_size}), mean {features.lengths[sample].mean():.0f} tokens, "
+        f"max {args.max_seq_length}",
+        flush=True,
+    )
+    ladder_rows = []
+    for rung in ladder:
+        sub = model_def.FeatureBatchSampler(
+            features.lengths[sample],
+            args.batch_size,
+            shuffle=True,
+            group_by_length=not rung.padded,
+            seed=SEED,
+        )
+        collate = model_def.Collator(features, not rung.padded, hp["pad_to_multiple_of"], labels=True)
+        batches = [collate(sample[ix].tolist()) for ix in sub.batches(0)]
+        loop = Loop(model_path, rung, hp, len(batches), device)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        seconds, loss = time_loop(loop, batches, args.warmup)
+        extra = {"last_loss": round(loss, 4)}
+        if device.type == "cuda":
+            extra["peak_memory_gb"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
+        ladder_rows.append(record(rung.name, seconds, batches[args.warmup :], extra))
+        del loop
+    standard, fastest = ladder_rows[0], ladder_rows[-1]
+    result["dynamic_padding_speedup"] = round(fastest["sequences_per_s"] / standard["sequences_per_s"], 3)
+    result["projection_squad_v11_2_epochs_min"] = round(
+        2 * SQUAD_V11_WINDOWS / fastest["sequences_per_s"] / 60, 1
+    )
+    result["projection_standard_recipe_min"] = round(
+        2 * SQUAD_V11_WINDOWS / standard["sequences_per_s"] / 60, 1
+    )
+    result["rows"] = rows
+    print(f"dynamic_padding_speedup (fast path / standard recipe) = {result['dynamic_padding_speedup']:.2f}")
+    print(
+        "projected SQuAD v1.1 x 2 epochs on this device: fast path "
+        f"{result['projection_squad_v11_2_epochs_min']} min, "
+        f"standard recipe {result['projection_standard_recipe_min']} min"
+    )
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=1))
+    print(json.dumps({k: v for k, v in result.items() if k != "rows"}))
+    tmp_dir.cleanup()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
