@@ -42,7 +42,8 @@ def worker(args: argparse.Namespace) -> int:
     batches: list[tuple[int, float, bool]] = []  # (batch, seconds, communicated)
     current = {"batch": -1}
 
-    def counting_allreduce(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    # No annotations here: DDP checks them at runtime, and this module's are postponed strings.
+    def counting_allreduce(state, bucket):  # noqa: ANN001, ANN202
         launched = time.perf_counter()
         nbytes = bucket.buffer().numel() * bucket.buffer().element_size()
         batch = current["batch"]
@@ -79,30 +80,32 @@ def worker(args: argparse.Namespace) -> int:
 
 def summarise(frequency: int, raw: dict[str, Any], world: int, batch_size: int) -> dict[str, Any]:
     events, batches = raw["events"], raw["batches"]
-    steps = sorted({b for b, *_ in events})
-    per_step = []
-    for step in steps:
-        mine = [e for e in events if e[0] == step]
-        per_step.append(
+    communicating = sorted({b for b, *_ in events})
+    per_batch = []  # per communicating batch: (calls, bytes, first launch -> last done)
+    for b in communicating:
+        mine = [e for e in events if e[0] == b]
+        per_batch.append(
             (len(mine), sum(e[3] for e in mine), max(e[2] for e in mine) - min(e[1] for e in mine))
         )
-    n_steps, n_batches = len(per_step), len(batches)
-    calls = sum(p[0] for p in per_step)
+    n_batches = len(batches)
+    n_steps = n_batches // frequency
+    calls = sum(p[0] for p in per_batch)
     timed = batches[1:]  # the first batch carries one-time warm-up
     sync = [s for _, s, c in timed if c]
     local = [s for _, s, c in timed if not c]
-    comm = sum(p[2] for p in per_step[1:]) / max(1, n_steps - 1)
+    comm_total = sum(p[2] for p in per_batch[1:]) * len(per_batch) / max(1, len(per_batch) - 1)
     seconds = sum(s for _, s, _ in timed)
     return {
         "aggregation_frequency": frequency,
         "batches": n_batches,
         "optimizer_steps": n_steps,
+        "communicating_batches": len(communicating),
         "allreduce_calls": calls,
-        "allreduce_calls_per_step": round(calls / max(1, n_steps), 2),
+        "allreduce_calls_per_step": round(calls / max(1, n_steps), 3),
         "allreduce_calls_per_batch": round(calls / max(1, n_batches), 3),
-        "allreduce_mb_per_step": round(sum(p[1] for p in per_step) / max(1, n_steps) / 2**20, 1),
-        "comm_seconds_per_step": round(comm, 4),
-        "comm_seconds_per_batch": round(comm * n_steps / max(1, n_batches), 4),
+        "allreduce_mb_per_step": round(sum(p[1] for p in per_batch) / max(1, n_steps) / 2**20, 1),
+        "comm_seconds_per_step": round(comm_total / max(1, n_steps), 4),
+        "comm_seconds_per_batch": round(comm_total / max(1, n_batches), 4),
         "seconds_per_communicating_batch": round(sum(sync) / len(sync), 4) if sync else None,
         "seconds_per_accumulating_batch": round(sum(local) / len(local), 4) if local else None,
         "samples_per_s": round(len(timed) * batch_size * world / seconds, 2) if seconds else None,

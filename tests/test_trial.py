@@ -245,3 +245,37 @@ def test_set_overrides_parse_values() -> None:
     assert conf["data"] == {"squad_version": 2.0, "name": "x1"} and conf["a"]["b"]["c"] == 3
     with pytest.raises(config.ConfigError, match="dotted.key=value"):
         config.apply_overrides({}, ["novalue"])
+
+
+def test_two_processes_all_reduce_only_on_optimizer_step_batches(tiny_bert: Path, tmp_path: Path) -> None:
+    """aggregation_frequency 2 halves the all-reduces per batch (Determined alone does not: its
+    no_sync() wraps only backward, and DDP decides in forward)."""
+    conf = tiny_config(tiny_bert, tmp_path)
+    path = write_yaml(conf, tmp_path / "exp.yaml")
+    report = tmp_path / "agg.json"
+    env = {k: v for k, v in os.environ.items() if k not in ("USE_TORCH_DISTRIBUTED",)}
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "aggregation.py"),
+            "--config",
+            str(path),
+            "--frequencies",
+            "1,2",
+            "--batches",
+            "6",
+            "--json",
+            str(report),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    one, two = json.loads(report.read_text())["rows"]
+    assert one["communicating_batches"] == one["optimizer_steps"] == 6
+    assert two["communicating_batches"] == two["optimizer_steps"] == 3
+    assert one["allreduce_calls_per_batch"] == one["allreduce_calls_per_step"] > 0
+    assert two["allreduce_calls_per_batch"] == pytest.approx(two["allreduce_calls_per_step"] / 2)
+    assert two["allreduce_mb_per_step"] == pytest.approx(one["allreduce_mb_per_step"])
