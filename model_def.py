@@ -448,6 +448,17 @@ class RunLog(pytorch.PyTorchCallback):
         self.train_seconds = 0.0
         self.batches_timed = 0
         self._since: float | None = None
+        # What Determined's master stores per report (steps, end time, metrics), kept locally
+        # too, so scaling.py computes throughput the same way from a local run or a cluster's.
+        self.series: dict[str, list[dict[str, Any]]] = {"training": [], "validation": []}
+
+    def _report(self, group: str, metrics: dict[str, Any]) -> None:
+        values = {}
+        for key, value in metrics.items():
+            with contextlib.suppress(TypeError, ValueError):
+                values[key] = float(value)
+        steps = self.trial.context._current_batch_idx + 1
+        self.series[group].append({"steps_completed": steps, "end_time": time.time(), "metrics": values})
 
     def _pause(self) -> None:
         if self._since is not None:
@@ -468,9 +479,11 @@ class RunLog(pytorch.PyTorchCallback):
         if batch_metrics:
             self.last_train_loss = float(batch_metrics[-1]["loss"])
             self.batches_timed += len(batch_metrics)
+        self._report("training", avg_metrics)
 
     def on_validation_end(self, metrics: dict[str, Any]) -> None:
         self.validation = dict(metrics)
+        self._report("validation", metrics)
         self._since = time.perf_counter()
 
     def on_checkpoint_write_end(self, checkpoint_dir: str) -> None:

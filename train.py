@@ -47,6 +47,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     length.add_argument("--epochs", type=int, help="total training length in epochs")
     parser.add_argument("--resume", type=Path, help="checkpoint directory to continue from")
     parser.add_argument(
+        "--metrics-out",
+        type=Path,
+        help="also write the run's metric reports (steps, end time, metrics) here as JSON",
+    )
+    parser.add_argument(
         "--checkpoint-dir",
         type=Path,
         default=ROOT / "checkpoints",
@@ -59,6 +64,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args.config = args.config.resolve()
     args.checkpoint_dir = args.checkpoint_dir.resolve()
     args.resume = args.resume.resolve() if args.resume else None
+    args.metrics_out = args.metrics_out.resolve() if args.metrics_out else None
     for name in ("batches", "epochs"):
         value = getattr(args, name)
         if value is not None and value < 1:
@@ -198,6 +204,8 @@ def run(args: argparse.Namespace, trial_class: type | None = None) -> dict[str, 
         if context.distributed.rank != 0:
             return None
         log = trial.run_log
+        if args.metrics_out:
+            write_metrics(args.metrics_out, exp_conf, plan, context.distributed.size, log.series)
         return {
             **{k: float(v) for k, v in log.validation.items() if k not in ("batches", "epochs")},
             "checkpoint": log.checkpoint,
@@ -208,6 +216,24 @@ def run(args: argparse.Namespace, trial_class: type | None = None) -> dict[str, 
                 log.batches_timed * plan.hparams["global_batch_size"] / max(log.train_seconds, 1e-9), 2
             ),
         }
+
+
+def write_metrics(
+    path: Path, exp_conf: dict[str, Any], plan: config.RunPlan, slots: int, series: dict
+) -> None:
+    record = {
+        "name": exp_conf.get("name"),
+        "state": "COMPLETED",
+        "slots": slots,
+        "global_batch_size": plan.hparams["global_batch_size"],
+        "aggregation_frequency": plan.aggregation_frequency,
+        "optimizer": plan.hparams["optimizer"],
+        **series,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(record, indent=1))
+    tmp.replace(path)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

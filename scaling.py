@@ -1,0 +1,505 @@
+"""Scaling study: a series of runs that differ only in slots, aggregation and optimizer, and its report.
+
+    python3 scaling.py launch --master URL --config distributed.yaml --slots 1,2,4,8,16 \\
+        --aggregation 1,2,4 --optimizer adamw,radam [--study ID] [--set KEY=VALUE] [--dry-run]
+    python3 scaling.py report --master URL --study ID [--out DIR]
+    python3 scaling.py local --config local.yaml --slots 1,2 --batches N --out DIR
+
+Each run keeps the base config's per-slot batch (global batch = per-slot batch x slots, as in
+the published scaling table) and changes nothing else but `resources.slots_per_trial`,
+`optimizations.aggregation_frequency`, `hyperparameters.optimizer`, its name and its labels
+(`study=ID`, `slots=N`, `agg=N`, `optimizer=X`, so the WebUI can filter and compare them).
+
+The report is computed from measured metric reports only: samples/s from the steps and end
+times of consecutive training reports (intervals that contain a validation are left out), train
+time = the run's samples / that rate, speedup = samples/s over the 1-slot run with the same
+aggregation and optimizer, per-slot efficiency = speedup / slots, EM and F1 from the last
+validation. Failed or unfinished runs stay in the report with their state.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import itertools
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import config
+
+ROOT = Path(__file__).resolve().parent
+STUDY_LABEL = "scaling-study"
+
+
+class ScalingError(Exception):
+    """A problem the user can fix; the message says which and how."""
+
+
+# --------------------------------------------------------------------------------------------
+# The series of configs.
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Variant:
+    name: str
+    slots: int
+    aggregation: int
+    optimizer: str
+    per_slot_batch: int
+    config: dict[str, Any]
+
+
+def int_list(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ScalingError(f"{flag} {text!r}: expected positive integers like 1,2,4") from None
+    if not values or min(values) < 1:
+        raise ScalingError(f"{flag} {text!r}: expected positive integers like 1,2,4")
+    return sorted(set(values))
+
+
+def variants(
+    base: dict[str, Any],
+    slots: Iterable[int],
+    aggregation: Iterable[int],
+    optimizers: Iterable[str],
+    study: str,
+) -> list[Variant]:
+    searcher = (base.get("searcher") or {}).get("name", "single")
+    if searcher != "single":
+        raise ScalingError(
+            f"searcher.name is {searcher!r}: a scaling study compares single runs; use a config with "
+            "searcher.name: single (const.yaml, distributed.yaml, multi_machine.yaml, local.yaml)."
+        )
+    hparams = config.local_hparams(base)
+    base_slots = config.slots_of(base)
+    global_batch = hparams.get("global_batch_size", config.HPARAM_DEFAULTS["global_batch_size"])
+    if not isinstance(global_batch, int) or global_batch % base_slots:
+        raise ScalingError(
+            f"hyperparameters.global_batch_size ({global_batch!r}) must be a constant integer divisible "
+            f"by resources.slots_per_trial ({base_slots}) to give a per-slot batch."
+        )
+    per_slot = global_batch // base_slots
+    for opt in optimizers:
+        if opt not in config.OPTIMIZERS:
+            raise ScalingError(f"--optimizer {opt!r}: choose from {', '.join(config.OPTIMIZERS)}.")
+    base_name = base.get("name", "squad")
+    out = []
+    for s in slots:
+        for a in aggregation:
+            for opt in optimizers:
+                conf = copy.deepcopy(base)
+                name = f"{base_name} [{study}] slots={s} agg={a} {opt}"
+                conf["name"] = name
+                labels = set(conf.get("labels") or [])
+                labels |= {STUDY_LABEL, f"study={study}", f"slots={s}", f"agg={a}", f"optimizer={opt}"}
+                conf["labels"] = sorted(labels)
+                conf.setdefault("resources", {})["slots_per_trial"] = s
+                conf.setdefault("optimizations", {})["aggregation_frequency"] = a
+                conf["hyperparameters"]["optimizer"] = opt
+                conf["hyperparameters"]["global_batch_size"] = per_slot * s
+                config.run_plan(conf, config.local_hparams(conf), s)  # each one must be valid
+                out.append(Variant(name, s, a, opt, per_slot, conf))
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# From metric reports to a table.
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RunInputs:
+    """What one run reported: the same shape from the master (SDK) or a local metrics file."""
+
+    name: str
+    state: str
+    slots: int
+    global_batch_size: int
+    aggregation: int
+    optimizer: str
+    training: list[tuple[int, float]]  # (steps_completed, end time in seconds)
+    validation: list[tuple[int, float, dict[str, Any]]]
+    error: str | None = None
+
+
+@dataclass
+class RunRecord:
+    name: str
+    state: str
+    slots: int
+    per_slot_batch: int
+    aggregation: int
+    optimizer: str
+    steps: int | None = None
+    samples: int | None = None
+    samples_per_s: float | None = None
+    train_seconds: float | None = None
+    elapsed_seconds: float | None = None
+    exact_match: float | None = None
+    f1: float | None = None
+    speedup: float | None = None
+    efficiency: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def usable(self) -> bool:
+        return self.state == "COMPLETED" and self.samples_per_s is not None
+
+
+def record(run: RunInputs) -> RunRecord:
+    rec = RunRecord(
+        run.name,
+        run.state,
+        run.slots,
+        run.global_batch_size // max(1, run.slots),
+        run.aggregation,
+        run.optimizer,
+    )
+    if run.error:
+        rec.notes.append(run.error)
+    training = sorted(run.training)
+    validation_times = [t for _, t, _ in run.validation]
+    samples = seconds = 0.0
+    for (s0, t0), (s1, t1) in itertools.pairwise(training):
+        if s1 <= s0 or t1 <= t0 or any(t0 < v <= t1 for v in validation_times):
+            continue  # a validation (or a restart) inside: not pure training time
+        samples += (s1 - s0) * run.global_batch_size
+        seconds += t1 - t0
+    if training:
+        rec.steps = training[-1][0]
+        rec.samples = rec.steps * run.global_batch_size
+        rec.elapsed_seconds = round(max(t for _, t in training) - min(t for _, t in training), 2)
+    if seconds > 0:
+        rec.samples_per_s = round(samples / seconds, 3)
+        rec.train_seconds = round(rec.samples / rec.samples_per_s, 2)
+    elif run.state == "COMPLETED":
+        rec.notes.append("fewer than two training reports without a validation between: no rate")
+    if run.validation:
+        last = max(run.validation, key=lambda v: (v[0], v[1]))[2]
+        em = last.get("exact_match", last.get("exact"))
+        rec.exact_match = None if em is None else round(float(em), 2)
+        rec.f1 = None if last.get("f1") is None else round(float(last["f1"]), 2)
+    elif run.state == "COMPLETED":
+        rec.notes.append("no validation reported")
+    return rec
+
+
+def build_report(runs: Sequence[RunInputs], study: str) -> dict[str, Any]:
+    records = [record(r) for r in runs]
+    if not any(r.usable for r in records):
+        states = ", ".join(f"{r.name}: {r.state}" for r in records) or "none found"
+        raise ScalingError(f"study {study}: no finished runs with training reports ({states}).")
+    for rec in records:
+        if not rec.usable:
+            continue
+        base = [
+            b
+            for b in records
+            if b.usable and b.slots == 1 and (b.aggregation, b.optimizer) == (rec.aggregation, rec.optimizer)
+        ]
+        if base:
+            rec.speedup = round(rec.samples_per_s / base[0].samples_per_s, 3)
+            rec.efficiency = round(rec.speedup / rec.slots, 3)
+        else:
+            rec.notes.append("no finished 1-slot run with this aggregation/optimizer: no speedup")
+    records.sort(key=lambda r: (r.aggregation, r.optimizer, r.slots, r.name))
+    return {
+        "study": study,
+        "created": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "definitions": {
+            "samples_per_s": "samples between consecutive training reports / their end-time difference, "
+            "summed over intervals without a validation",
+            "train_seconds": "the run's samples / samples_per_s",
+            "elapsed_seconds": "first to last training report",
+            "speedup": "samples_per_s / that of the 1-slot run with the same aggregation and optimizer",
+            "efficiency": "speedup / slots",
+        },
+        "runs": [asdict(r) for r in records],
+    }
+
+
+def _fmt(value: Any, spec: str = "") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def write_report(report: dict[str, Any], out: Path) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / "report.json", out / "report.md", out / "report.png"]
+    paths[0].write_text(json.dumps(report, indent=1))
+    lines = [
+        f"# Scaling study {report['study']}",
+        "",
+        f"Written {report['created']} by `scaling.py` from the runs' metric reports.",
+        "",
+        "| run | state | slots | per-slot batch | aggregation | optimizer | train time | samples/s | "
+        "speedup | efficiency | EM | F1 |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in report["runs"]:
+        t = r["train_seconds"]
+        train = None if t is None else f"{t:.1f} s" if t < 120 else f"{t / 60:.1f} min"
+        lines.append(
+            f"| {r['name']} | {r['state']} | {r['slots']} | {r['per_slot_batch']} | {r['aggregation']} | "
+            f"{r['optimizer']} | {_fmt(train)} | {_fmt(r['samples_per_s'], '.2f')} | "
+            f"{_fmt(r['speedup'], '.2f')} | {_fmt(r['efficiency'], '.2f')} | "
+            f"{_fmt(r['exact_match'], '.1f')} | {_fmt(r['f1'], '.1f')} |"
+        )
+    notes = [(r["name"], n) for r in report["runs"] for n in r["notes"]]
+    if notes:
+        lines += ["", "Notes:", ""] + [f"- {name}: {note}" for name, note in notes]
+    lines += ["", "Definitions:", ""] + [f"- {k}: {v}" for k, v in report["definitions"].items()]
+    lines += ["", "![speedup vs slots](report.png)"]
+    paths[1].write_text("\n".join(lines) + "\n")
+    plot(report, paths[2])
+    return paths
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    series: dict[tuple[int, str], list[tuple[int, float]]] = {}
+    for r in report["runs"]:
+        if r["speedup"] is not None:
+            series.setdefault((r["aggregation"], r["optimizer"]), []).append((r["slots"], r["speedup"]))
+    top = max([r["slots"] for r in report["runs"]] + [1])
+    ax.plot([1, top], [1, top], "k--", lw=1, label="linear (ideal)")
+    for (agg, opt), points in sorted(series.items()):
+        points.sort()
+        ax.plot([p[0] for p in points], [p[1] for p in points], "o-", label=f"agg {agg}, {opt}")
+    ax.set_xticks(sorted({r["slots"] for r in report["runs"]} | {1}))
+    ax.set_xlabel("slots")
+    ax.set_ylabel("speedup over 1 slot (samples/s)")
+    ax.set_title(f"Scaling study {report['study']}")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# --------------------------------------------------------------------------------------------
+# Determined's SDK: kept thin (tested with recorded objects).
+# --------------------------------------------------------------------------------------------
+
+
+def connect(master: str) -> Any:
+    from determined.experimental import client
+
+    try:
+        client.login(master=master)
+        client.list_experiments(labels=[STUDY_LABEL])  # the first call that needs the master
+    except Exception as err:  # the SDK raises many kinds; all mean "no usable master"
+        raise ScalingError(
+            f"--master {master}: no reachable Determined master ({str(err).splitlines()[0][:200]}); "
+            "check the URL and log in with `det user login`."
+        ) from None
+    return client
+
+
+def runs_from_sdk(sdk: Any, study: str) -> list[RunInputs]:
+    runs = []
+    for exp in sdk.list_experiments(labels=[f"study={study}"]):
+        conf = exp.config or {}
+        hp = config.local_hparams(conf)
+        slots = config.slots_of(conf)
+        common = dict(
+            slots=slots,
+            global_batch_size=int(hp.get("global_batch_size", 0)),
+            aggregation=int((conf.get("optimizations") or {}).get("aggregation_frequency", 1)),
+            optimizer=str(hp.get("optimizer", "adamw")),
+        )
+        trials = list(exp.list_trials())
+        if not trials:
+            state = getattr(exp.state, "name", str(exp.state))
+            runs.append(RunInputs(exp.name, state, training=[], validation=[], error="no trial", **common))
+        for trial in trials:
+            training = [(m.steps_completed, m.end_time.timestamp()) for m in trial.iter_metrics("training")]
+            validation = [
+                (m.steps_completed, m.end_time.timestamp(), dict(m.metrics))
+                for m in trial.iter_metrics("validation")
+            ]
+            state = getattr(trial.state, "name", str(trial.state))
+            runs.append(RunInputs(exp.name, state, training=training, validation=validation, **common))
+    return runs
+
+
+def launch(sdk: Any, series: Sequence[Variant], context_dir: Path = ROOT) -> list[int]:
+    ids = []
+    for v in series:
+        exp = sdk.create_experiment(config=v.config, model_dir=str(context_dir))
+        ids.append(exp.id)
+        print(f"experiment {exp.id}: {v.name}", flush=True)
+    return ids
+
+
+# --------------------------------------------------------------------------------------------
+# Local: the same series as torchrun processes on this machine.
+# --------------------------------------------------------------------------------------------
+
+
+def slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9=._-]+", "_", name).strip("_")
+
+
+def run_local(series: Sequence[Variant], batches: int, out: Path) -> list[RunInputs]:
+    import yaml
+
+    runs = []
+    for v in series:
+        conf = copy.deepcopy(v.config)
+        conf["scheduling_unit"] = max(1, batches // 5)  # several training reports per run
+        stem = slug(v.name)
+        conf_path, metrics = out / "configs" / f"{stem}.yaml", out / "runs" / f"{stem}.json"
+        conf_path.parent.mkdir(parents=True, exist_ok=True)
+        metrics.parent.mkdir(parents=True, exist_ok=True)
+        conf_path.write_text(yaml.safe_dump(conf, sort_keys=False))
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nproc_per_node={v.slots}",
+            "--standalone",
+            str(ROOT / "train.py"),
+            "--config",
+            str(conf_path),
+            "--batches",
+            str(batches),
+            "--metrics-out",
+            str(metrics),
+            "--checkpoint-dir",
+            str(out / "checkpoints"),
+        ]
+        env = {k: val for k, val in os.environ.items() if k != "USE_TORCH_DISTRIBUTED"}
+        # Each process gets its share of the cores, as each GPU is its own device on a cluster.
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // v.slots))
+        print(f"{v.name}: torchrun x{v.slots}, {batches} batches ...", flush=True)
+        log = out / "runs" / f"{stem}.log"
+        with log.open("w") as f:
+            proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+        common = dict(
+            slots=v.slots,
+            global_batch_size=v.per_slot_batch * v.slots,
+            aggregation=v.aggregation,
+            optimizer=v.optimizer,
+        )
+        if proc.returncode != 0 or not metrics.is_file():
+            lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+            last = next((ln for ln in reversed(lines) if "rror" in ln), lines[-1] if lines else "")
+            runs.append(
+                RunInputs(
+                    v.name,
+                    "ERROR",
+                    training=[],
+                    validation=[],
+                    error=f"exit {proc.returncode}: {last.strip()[:300]} (log: {log})",
+                    **common,
+                )
+            )
+            continue
+        m = json.loads(metrics.read_text())
+        runs.append(
+            RunInputs(
+                v.name,
+                m["state"],
+                training=[(r["steps_completed"], r["end_time"]) for r in m["training"]],
+                validation=[(r["steps_completed"], r["end_time"], r["metrics"]) for r in m["validation"]],
+                **common,
+            )
+        )
+    return runs
+
+
+# --------------------------------------------------------------------------------------------
+# CLI.
+# --------------------------------------------------------------------------------------------
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def series_args(p: argparse.ArgumentParser, slots: str) -> None:
+        p.add_argument("--config", type=Path, required=True, help="base experiment YAML")
+        p.add_argument("--slots", default=slots, help="comma list, e.g. 1,2,4,8,16")
+        p.add_argument("--aggregation", default="1", help="comma list of aggregation frequencies")
+        p.add_argument("--optimizer", default="adamw", help="comma list: adamw,radam,lamb")
+        p.add_argument(
+            "--set",
+            dest="overrides",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="change the base config for every run (e.g. hyperparameters.learning_rate=5e-5)",
+        )
+        p.add_argument("--study", default=time.strftime("%Y%m%d-%H%M%S"), help="study id (label)")
+
+    p = sub.add_parser("launch", help="create one experiment per combination on a cluster")
+    series_args(p, "1,2,4,8,16")
+    p.add_argument("--master", default=os.environ.get("DET_MASTER"))
+    p.add_argument("--dry-run", action="store_true", help="print the configs, create nothing")
+    p = sub.add_parser("report", help="pull a study's metrics and write report.md/json/png")
+    p.add_argument("--master", default=os.environ.get("DET_MASTER"))
+    p.add_argument("--study", required=True)
+    p.add_argument("--out", type=Path, default=Path("."))
+    p = sub.add_parser("local", help="run the series here with torchrun and write the report")
+    series_args(p, "1,2")
+    p.add_argument("--batches", type=int, required=True, help="training length of each run")
+    p.add_argument("--out", type=Path, required=True)
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        if args.command in ("launch", "report") and not args.master and not getattr(args, "dry_run", False):
+            raise ScalingError("--master URL (or DET_MASTER) is required for launch and report.")
+        if args.command == "report":
+            report = build_report(runs_from_sdk(connect(args.master), args.study), args.study)
+            paths = write_report(report, args.out)
+            print(json.dumps({"study": args.study, "written": [str(p) for p in paths]}))
+            return 0
+        if not args.config.is_file():
+            raise ScalingError(f"--config {args.config}: no such file.")
+        base = config.apply_overrides(config.load_yaml(args.config), args.overrides)
+        slots = int_list(args.slots, "--slots")
+        aggregation = int_list(args.aggregation, "--aggregation")
+        optimizers = [o.strip() for o in args.optimizer.split(",") if o.strip()]
+        series = variants(base, slots, aggregation, optimizers, args.study)
+        if args.command == "launch":
+            if args.dry_run:
+                for v in series:
+                    print(json.dumps({"name": v.name, "config": v.config}))
+                return 0
+            ids = launch(connect(args.master), series)
+            print(json.dumps({"study": args.study, "experiments": ids}))
+            return 0
+        if args.batches < 1:
+            raise ScalingError("--batches must be a positive integer.")
+        runs = run_local(series, args.batches, args.out)
+        paths = write_report(build_report(runs, args.study), args.out)
+        print(json.dumps({"study": args.study, "written": [str(p) for p in paths]}))
+        return 0
+    except (ScalingError, config.ConfigError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,251 @@
+"""scaling.py: the series of configs, the report from metric series, the SDK glue, local end to end."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import yaml
+from conftest import ROOT, tiny_config, write_yaml
+
+import config
+import scaling
+
+
+def _load(name: str) -> dict[str, Any]:
+    return config.load_yaml(ROOT / name)
+
+
+def test_variants_change_only_slots_aggregation_optimizer_batch_name_labels() -> None:
+    base = _load("distributed.yaml")
+    series = scaling.variants(base, [1, 8, 16], [1, 2], ["adamw", "radam"], "s7")
+    assert len(series) == 12
+    per_slot = base["hyperparameters"]["global_batch_size"] // base["resources"]["slots_per_trial"]
+    for v in series:
+        c = v.config
+        assert c["resources"]["slots_per_trial"] == v.slots
+        assert c["optimizations"]["aggregation_frequency"] == v.aggregation
+        assert c["hyperparameters"]["optimizer"] == v.optimizer
+        assert c["hyperparameters"]["global_batch_size"] == per_slot * v.slots
+        assert {"scaling-study", "study=s7", f"slots={v.slots}", f"agg={v.aggregation}"} <= set(c["labels"])
+        changed = {k for k in set(base) | set(c) if base.get(k) != c.get(k)}
+        assert changed <= {"name", "labels", "resources", "optimizations", "hyperparameters"}
+        for key in ("resources", "optimizations", "hyperparameters"):
+            other = {
+                k
+                for k in set(base.get(key) or {}) | set(c[key])
+                if (base.get(key) or {}).get(k) != c[key].get(k)
+            }
+            assert other <= {"slots_per_trial", "aggregation_frequency", "optimizer", "global_batch_size"}
+    assert len({v.name for v in series}) == 12
+
+
+def test_variant_configs_pass_determineds_schema(tmp_path: Path) -> None:
+    checker = ROOT.parent / "shared" / "tools" / "expconf_check.py"
+    if not checker.exists():
+        pytest.skip("../shared/tools/expconf_check.py is not beside this checkout")
+    series = scaling.variants(_load("multi_machine.yaml"), [1, 16], [1, 4], ["adamw", "radam"], "s1")
+    paths = []
+    for i, v in enumerate(series):
+        paths.append(tmp_path / f"v{i}.yaml")
+        paths[-1].write_text(yaml.safe_dump(v.config))
+    out = subprocess.run([sys.executable, str(checker), *map(str, paths)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["launch", "--config", "search.yaml", "--dry-run"], "searcher.name is 'adaptive_asha'"),
+        (["launch", "--config", "const.yaml", "--slots", "0,2", "--dry-run"], "--slots '0,2'"),
+        (["launch", "--config", "const.yaml", "--optimizer", "sgd", "--dry-run"], "--optimizer 'sgd'"),
+        (["launch", "--config", "nope.yaml", "--dry-run"], "nope.yaml: no such file"),
+        (["report", "--study", "x"], "--master URL (or DET_MASTER) is required"),
+        (["report", "--study", "x", "--master", "http://127.0.0.1:9"], "no reachable Determined master"),
+    ],
+)
+def test_clear_errors(args: list[str], message: str) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "DET_MASTER"}
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scaling.py"), *args], capture_output=True, text=True, cwd=ROOT, env=env
+    )
+    assert out.returncode == 2 and message in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def _run(name: str, slots: int, batch: int, times: list[float], state: str = "COMPLETED", **kw: Any) -> Any:
+    steps = [10 * (i + 1) for i in range(len(times))]
+    return scaling.RunInputs(
+        name,
+        state,
+        slots=slots,
+        global_batch_size=batch,
+        aggregation=kw.pop("aggregation", 1),
+        optimizer="adamw",
+        training=list(zip(steps, times, strict=True)),
+        validation=kw.pop(
+            "validation", [(steps[-1], times[-1] + 5, {"exact_match": 80.0, "f1": 88.0})] if times else []
+        ),
+        **kw,
+    )
+
+
+def test_report_from_recorded_series_speedup_efficiency_and_failures(tmp_path: Path) -> None:
+    runs = [
+        # 1 slot, batch 8: 10 steps (80 samples) every 10 s = 8 samples/s.
+        _run("one", 1, 8, [100.0, 110.0, 120.0, 130.0]),
+        # 2 slots, batch 16: 160 samples per 12.5 s = 12.8/s, except the interval holding a
+        # validation (at 120), which is left out.
+        _run(
+            "two",
+            2,
+            16,
+            [100.0, 112.5, 140.0, 152.5],
+            validation=[(20, 120.0, {"f1": 80.0}), (40, 160.0, {"exact_match": 81.0, "f1": 88.5})],
+        ),
+        _run("broken", 4, 32, [], state="ERROR", error="exit 1: CUDA out of memory"),
+        _run("lonely", 2, 16, [0.0, 5.0], aggregation=4),
+    ]
+    report = scaling.build_report(runs, "rec")
+    by = {r["name"]: r for r in report["runs"]}
+    assert (
+        by["one"]["samples_per_s"] == 8.0 and by["one"]["speedup"] == 1.0 and by["one"]["efficiency"] == 1.0
+    )
+    assert by["two"]["samples_per_s"] == 12.8
+    assert by["two"]["speedup"] == 1.6 and by["two"]["efficiency"] == 0.8
+    assert by["two"]["train_seconds"] == pytest.approx(40 * 16 / 12.8)
+    assert (by["two"]["exact_match"], by["two"]["f1"]) == (81.0, 88.5)  # the last validation
+    assert by["broken"]["state"] == "ERROR" and by["broken"]["samples_per_s"] is None
+    assert "CUDA out of memory" in by["broken"]["notes"][0]
+    assert by["lonely"]["speedup"] is None and "no finished 1-slot run" in by["lonely"]["notes"][0]
+    paths = scaling.write_report(report, tmp_path)
+    md = paths[1].read_text()
+    assert "| broken | ERROR | 4 |" in md and "CUDA out of memory" in md
+    assert "| two | COMPLETED | 2 | 8 | 1 | adamw | 50.0 s | 12.80 | 1.60 | 0.80 | 81.0 | 88.5 |" in md
+    assert paths[2].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert json.loads(paths[0].read_text())["study"] == "rec"
+
+
+def test_study_without_finished_runs_is_an_error() -> None:
+    with pytest.raises(scaling.ScalingError, match="study s9: no finished runs"):
+        scaling.build_report([_run("x", 1, 8, [], state="ERROR")], "s9")
+
+
+class _RecordedSDK:
+    """Determined SDK stand-in returning objects shaped as the 0.38.1 client returns them."""
+
+    def __init__(self, experiments: list[Any]) -> None:
+        self.experiments, self.calls, self.created = experiments, [], []
+
+    def list_experiments(self, labels: list[str] | None = None) -> list[Any]:
+        self.calls.append(labels)
+        return [e for e in self.experiments if set(labels or []) & e.labels]
+
+    def create_experiment(self, config: dict, model_dir: str) -> Any:
+        self.created.append((config, model_dir))
+        return SimpleNamespace(id=100 + len(self.created))
+
+
+def _experiment(slots: int, per_report_s: float, trial_state: Any) -> Any:
+    from determined.common.experimental.metrics import TrialMetrics
+    from determined.experimental.client import ExperimentState
+
+    conf = _load("distributed.yaml")
+    conf["resources"]["slots_per_trial"] = slots
+    conf["hyperparameters"] = {k: {"type": "const", "val": v} for k, v in conf["hyperparameters"].items()}
+    conf["hyperparameters"]["global_batch_size"]["val"] = 12 * slots
+    t0 = dt.datetime(2026, 11, 22, 12, 0, tzinfo=dt.UTC)
+
+    def metrics(group: str) -> list[TrialMetrics]:
+        if group == "training":
+            return [
+                TrialMetrics(7, 1, 100 * i, t0 + dt.timedelta(seconds=per_report_s * i), {"loss": 1.0}, group)
+                for i in range(1, 4)
+            ]
+        end = t0 + dt.timedelta(seconds=per_report_s * 3 + 30)
+        return [TrialMetrics(7, 1, 300, end, {"exact_match": 80.5, "f1": 88.1}, group)]
+
+    trial = SimpleNamespace(state=trial_state, iter_metrics=metrics)
+    return SimpleNamespace(
+        name=f"s{slots}",
+        config=conf,
+        state=ExperimentState.COMPLETED,
+        labels={"study=abc", f"slots={slots}"},
+        list_trials=lambda: [trial],
+    )
+
+
+def test_sdk_glue_with_recorded_objects(tmp_path: Path) -> None:
+    from determined.experimental.client import TrialState
+
+    sdk = _RecordedSDK(
+        [
+            _experiment(1, 100.0, TrialState.COMPLETED),
+            _experiment(8, 14.0, TrialState.COMPLETED),
+            _experiment(16, 10.0, TrialState.ERROR),
+        ]
+    )
+    runs = scaling.runs_from_sdk(sdk, "abc")
+    assert sdk.calls == [["study=abc"]]
+    assert [(r.slots, r.global_batch_size, r.state) for r in runs] == [
+        (1, 12, "COMPLETED"),
+        (8, 96, "COMPLETED"),
+        (16, 192, "ERROR"),
+    ]
+    report = scaling.build_report(runs, "abc")
+    by = {r["slots"]: r for r in report["runs"]}
+    assert by[1]["samples_per_s"] == 12.0  # 100 steps x 12 / 100 s
+    assert by[8]["speedup"] == pytest.approx(9600 / 14 / 12, abs=1e-3)
+    assert by[16]["state"] == "ERROR" and by[16]["speedup"] is None and by[8]["f1"] == 88.1
+
+    series = scaling.variants(_load("distributed.yaml"), [1, 2], [1], ["adamw"], "abc")
+    assert scaling.launch(sdk, series, tmp_path) == [101, 102]
+    assert [c["resources"]["slots_per_trial"] for c, _ in sdk.created] == [1, 2]
+    assert {d for _, d in sdk.created} == {str(tmp_path)}
+
+
+def test_local_study_end_to_end(tiny_bert: Path, tmp_path: Path) -> None:
+    path = write_yaml(tiny_config(tiny_bert, tmp_path), tmp_path / "exp.yaml")
+    out_dir = tmp_path / "study"
+    env = {k: v for k, v in os.environ.items() if k != "USE_TORCH_DISTRIBUTED"}
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scaling.py"),
+            "local",
+            "--config",
+            str(path),
+            "--slots",
+            "1,2",
+            "--batches",
+            "10",
+            "--out",
+            str(out_dir),
+            "--study",
+            "t",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads((out_dir / "report.json").read_text())
+    one, two = sorted(report["runs"], key=lambda r: r["slots"])
+    assert (one["state"], two["state"]) == ("COMPLETED", "COMPLETED")
+    assert (one["per_slot_batch"], two["per_slot_batch"]) == (8, 8)
+    assert one["speedup"] == 1.0 and two["speedup"] > 0
+    assert two["efficiency"] == pytest.approx(two["speedup"] / 2, abs=1e-3)
+    assert one["steps"] == two["steps"] == 10 and one["f1"] is not None
+    # Each rate comes from the run's own metrics file (measured end times, not assumed).
+    metrics = json.loads(next((out_dir / "runs").glob("*slots=2*.json")).read_text())
+    assert metrics["slots"] == 2 and len(metrics["training"]) >= 3
+    assert (out_dir / "report.md").read_text().count("| COMPLETED |") == 2
+    assert (out_dir / "report.png").stat().st_size > 1000
