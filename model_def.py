@@ -457,7 +457,8 @@ class RunLog(pytorch.PyTorchCallback):
         for key, value in metrics.items():
             with contextlib.suppress(TypeError, ValueError):
                 values[key] = float(value)
-        steps = self.trial.context._current_batch_idx + 1
+        idx = self.trial.context._current_batch_idx  # None before the first batch (step-zero validation)
+        steps = 0 if idx is None else idx + 1
         self.series[group].append({"steps_completed": steps, "end_time": time.time(), "metrics": values})
 
     def _pause(self) -> None:
