@@ -108,8 +108,16 @@ class Predictor:
         return assemble_logits(parts, features)
 
     def answer(self, examples: Sequence[data.Example]) -> data.Answers:
-        features = data.build_features(examples, self.tokenizer, self.spec, labels=False, offsets=True)
+        features = self.features(examples)
         start, end = self.logits(features)
+        return self.extract(examples, features, start, end)
+
+    def features(self, examples: Sequence[data.Example]) -> data.Features:
+        return data.build_features(examples, self.tokenizer, self.spec, labels=False, offsets=True)
+
+    def extract(
+        self, examples: Sequence[data.Example], features: data.Features, start: np.ndarray, end: np.ndarray
+    ) -> data.Answers:
         s = self.settings
         return data.extract_answers(
             examples,

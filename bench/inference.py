@@ -80,25 +80,15 @@ def sync(device: torch.device) -> None:
 
 
 def end_to_end(predictor: predict.Predictor, examples: list, single: int) -> dict[str, Any]:
-    s = predictor.settings
     predictor.answer(examples[:4])  # warm-up: first-call allocations, thread pools
 
     t0 = time.perf_counter()
-    features = data.build_features(examples, predictor.tokenizer, predictor.spec, labels=False, offsets=True)
+    features = predictor.features(examples)
     t1 = time.perf_counter()
     start, end = predictor.logits(features)
     sync(predictor.device)
     t2 = time.perf_counter()
-    data.extract_answers(
-        examples,
-        features,
-        start,
-        end,
-        n_best=s["n_best_size"],
-        max_answer_length=s["max_answer_length"],
-        version_2=s["squad_version"] == "2.0",
-        null_score_diff_threshold=s["null_score_diff_threshold"],
-    )
+    predictor.extract(examples, features, start, end)
     t3 = time.perf_counter()
     total = t3 - t0
     batch = {
