@@ -155,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
                 "-m",
                 "torch.distributed.run",
                 "--nproc_per_node=2",
+                "--standalone",
                 __file__,
                 "--worker",
                 "--config",
