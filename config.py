@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,10 +60,27 @@ class ConfigError(Exception):
 # --------------------------------------------------------------------------------------------
 
 
+class _Loader(yaml.SafeLoader):
+    """PyYAML reads YAML 1.1, where `3e-5` (no dot) is text; the master's Go YAML and JSON read
+    it as a number. Resolving such scalars as floats makes a YAML, its JSON as the master hands
+    it, and a --set value mean the same thing here as on a cluster."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
+
+
+def parse_yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 -- a SafeLoader subclass
+
+
 def load_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+        doc = parse_yaml(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such config file.") from None
     except (OSError, UnicodeDecodeError) as err:
@@ -85,15 +103,9 @@ def apply_overrides(conf: dict[str, Any], overrides: list[str]) -> dict[str, Any
         if not sep or not key:
             raise ConfigError(f"--set {item!r}: expected dotted.key=value.")
         try:
-            value = yaml.safe_load(raw) if raw else ""
+            value = parse_yaml(raw) if raw else ""
         except yaml.YAMLError:
             value = raw
-        if isinstance(value, str):
-            # YAML 1.1 reads 2e-4 as text; the master's YAML 1.2 reads it as a number.
-            try:
-                value = float(value) if any(c in value for c in ".eE") else int(value)
-            except ValueError:
-                pass
         parts = key.split(".")
         node = conf
         for part in parts[:-1]:
@@ -187,11 +199,17 @@ class RunPlan:
 
 
 def _length(value: Any, field: str, allow_records: bool = False) -> Length | None:
-    """A Determined length: {batches: N} or {epochs: N} (an empty mapping = not set)."""
+    """A Determined length: {batches: N} or {epochs: N}.
+
+    Not set: absent, an empty mapping, or a zero count -- a master fills every period the YAML
+    leaves out with `{batches: 0}` (the schema default) before handing the config to the trial.
+    """
     if value in (None, {}):
         return None
     if isinstance(value, dict) and len(value) == 1:
         ((unit, n),) = value.items()
+        if unit in ("batches", "epochs", "records") and n == 0 and not isinstance(n, bool):
+            return None
         if unit in ("batches", "epochs") and isinstance(n, int) and n > 0:
             return Length(unit, n)
         if unit == "records" and not allow_records:
@@ -227,6 +245,53 @@ def training_length(conf: dict[str, Any], hparams: dict[str, Any]) -> Length:
         length = _length(hparams["train_length"], "hyperparameters.train_length")
     assert length is not None
     return length
+
+
+def asha_brackets(searcher: dict[str, Any]) -> list[list[int]]:
+    """Adaptive ASHA's brackets as a 0.38.1 master builds them: each bracket's rungs in units of
+    `time_metric`. Mirrors master/pkg/searcher/adaptive_asha.go:86-112 (makeBrackets, standard /
+    conservative / aggressive modes) and asha_stopping.go:54-66 (makeRungs)."""
+    max_time = int(searcher["max_time"])
+    divisor = float(searcher.get("divisor") or 4)
+    rungs_per_bracket = list(searcher.get("bracket_rungs") or [])
+    if not rungs_per_bracket:
+        max_trials = int(searcher.get("max_trials") or 1)
+        max_rungs = min(
+            int(searcher.get("max_rungs") or 5),
+            int(math.log(max_time) / math.log(divisor)) + 1,
+            int(math.log(max_trials) / math.log(divisor)) + 1,
+        )
+        mode = searcher.get("mode") or "standard"
+        first = {"conservative": 1, "standard": (max_rungs - 1) // 2 + 1, "aggressive": max_rungs}
+        if mode not in first:
+            raise ConfigError(f"searcher.mode: {mode!r} must be conservative, standard or aggressive.")
+        rungs_per_bracket = list(range(first[mode], max_rungs + 1))
+    return [
+        [max(int(max_time / divisor ** (n - i - 1)), 1) for i in range(n)]
+        for n in sorted(rungs_per_bracket, reverse=True)
+    ]
+
+
+def _check_rungs(conf: dict[str, Any], validation: Length | None) -> None:
+    """ASHA compares trials at rungs using the validations they report; a rung that falls between
+    validations is judged only at the next one, so every rung must be a validation point."""
+    searcher = conf.get("searcher") or {}
+    if searcher.get("name") not in ("adaptive_asha", "async_halving") or searcher.get("max_time") is None:
+        return
+    brackets = asha_brackets(searcher) if searcher["name"] == "adaptive_asha" else []
+    rungs = sorted({r for bracket in brackets for r in bracket})
+    if validation is None or validation.unit != searcher.get("time_metric"):
+        raise ConfigError(
+            f"min_validation_period: adaptive ASHA judges trials at rungs {rungs} "
+            f"({searcher.get('time_metric')}); set min_validation_period in "
+            f"{searcher.get('time_metric')} so every rung is a validation point."
+        )
+    off = [r for r in rungs if r % validation.value]
+    if off:
+        raise ConfigError(
+            f"min_validation_period: {{{validation.unit}: {validation.value}}} does not line up with "
+            f"adaptive ASHA's rungs {rungs} (not multiples: {off}); use a divisor of {math.gcd(*rungs)}."
+        )
 
 
 def run_plan(conf: dict[str, Any], hparams: dict[str, Any], slots: int) -> RunPlan:
@@ -278,6 +343,8 @@ def run_plan(conf: dict[str, Any], hparams: dict[str, Any], slots: int) -> RunPl
     if policy not in ("best", "all", "none"):
         raise ConfigError(f"checkpoint_policy: {policy!r} must be best, all or none.")
     seed = (conf.get("reproducibility") or {}).get("experiment_seed", 0)
+    validation = _length(conf.get("min_validation_period"), "min_validation_period")
+    _check_rungs(conf, validation)
     return RunPlan(
         hparams=hp,
         data=data,
@@ -285,13 +352,101 @@ def run_plan(conf: dict[str, Any], hparams: dict[str, Any], slots: int) -> RunPl
         aggregation_frequency=agg,
         average_aggregated_gradients=bool(opt.get("average_aggregated_gradients", True)),
         gradient_compression=bool(opt.get("gradient_compression", False)),
-        validation_period=_length(conf.get("min_validation_period"), "min_validation_period"),
+        validation_period=validation,
         checkpoint_period=_length(conf.get("min_checkpoint_period"), "min_checkpoint_period"),
         checkpoint_policy=policy,
         step_zero_validation=bool(conf.get("perform_initial_validation", False)),
         reporting_period=int(conf.get("scheduling_unit", 100)),
         seed=int(seed),
     )
+
+
+# What a 0.38.1 master fills in before the trial sees the config, for the fields run_plan reads
+# (schema defaults in master/pkg/schemas/expconf/*.json: experiment.json, optimizations.json,
+# resources.json; plus the clock-drawn experiment_seed). tests/test_cluster.py checks the plans
+# built from this against the configs the master's own schemas produce.
+MASTER_DEFAULTS: dict[str, Any] = {
+    "min_validation_period": {"batches": 0},
+    "min_checkpoint_period": {"batches": 0},
+    "checkpoint_policy": "best",
+    "scheduling_unit": 100,
+    "perform_initial_validation": False,
+    "records_per_epoch": 0,
+    "max_restarts": 5,
+    "resources": {"slots_per_trial": 1},
+    "optimizations": {
+        "aggregation_frequency": 1,
+        "average_aggregated_gradients": True,
+        "gradient_compression": False,
+    },
+    "reproducibility": {"experiment_seed": 0},
+}
+
+
+def with_master_defaults(conf: dict[str, Any]) -> dict[str, Any]:
+    """The config as a master hands it to the trial (for the fields this trial reads)."""
+    out = copy.deepcopy(conf)
+    for key, default in MASTER_DEFAULTS.items():
+        if out.get(key) is None:
+            out[key] = copy.deepcopy(default)
+        elif key in ("resources", "optimizations", "reproducibility") and isinstance(out[key], dict):
+            for sub, value in default.items():
+                out[key].setdefault(sub, value)
+    return out
+
+
+def describe(plan: RunPlan, conf: dict[str, Any], slots: int) -> dict[str, Any]:
+    """The run a cluster would execute, as train.py --dry-run prints it."""
+    gbs = plan.hparams["global_batch_size"]
+    agg = plan.aggregation_frequency
+
+    def period(length: Length | None) -> dict[str, int] | None:
+        return None if length is None else {length.unit: length.value}
+
+    batches = plan.length.value if plan.length.unit == "batches" else None
+    searcher = conf.get("searcher") or {}
+    out: dict[str, Any] = {
+        "name": conf.get("name"),
+        "slots": slots,
+        "global_batch_size": gbs,
+        "per_slot_batch_size": gbs // slots,
+        "aggregation_frequency": agg,
+        "samples_per_optimizer_step": gbs * agg,
+        "training_length": period(plan.length),
+        "batches": batches,
+        "epochs": plan.length.value if plan.length.unit == "epochs" else None,
+        "optimizer_steps": None if batches is None else max(1, batches // agg),
+        "validation_period": period(plan.validation_period),
+        "checkpoint_period": period(plan.checkpoint_period),
+        "checkpoint_policy": plan.checkpoint_policy,
+        "step_zero_validation": plan.step_zero_validation,
+        "reporting_period_batches": plan.reporting_period,
+        "optimizer": plan.hparams["optimizer"],
+        "learning_rate": plan.hparams["learning_rate"],
+        "precision": plan.hparams["precision"],
+        "gradient_compression": plan.gradient_compression,
+        "searcher": searcher.get("name"),
+        "data": {
+            k: plan.data[k]
+            for k in (
+                "pretrained_model",
+                "train_file",
+                "validation_file",
+                "squad_version",
+                "max_seq_length",
+                "doc_stride",
+            )
+        },
+    }
+    if searcher.get("name") == "adaptive_asha" and searcher.get("max_time") is not None:
+        out["asha_brackets"] = asha_brackets(searcher)
+    if batches is None:
+        out["note"] = (
+            "an epoch is ceil(training windows / global_batch_size) batches; the number of windows "
+            "is known once the training set is tokenized, so batches and optimizer steps are "
+            "reported by the run itself"
+        )
+    return out
 
 
 def slots_of(conf: dict[str, Any]) -> int:

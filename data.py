@@ -17,6 +17,7 @@ import argparse
 import copy
 import hashlib
 import json
+import logging
 import os
 import shutil
 import sys
@@ -30,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+logger = logging.getLogger("squad")
 
 # Bump when the feature layout or labelling changes: old caches then stop matching.
 FEATURES_VERSION = "3"
@@ -485,7 +488,12 @@ def _save_features(features: Features, directory: Path, meta: dict[str, Any]) ->
             array = getattr(features, name)
             if array is not None:
                 np.save(tmp / f"{name}.npy", array, allow_pickle=False)
-        meta = {**meta, "cls_index": features.cls_index, "features": len(features)}
+        arrays = {
+            name: {"shape": list(getattr(features, name).shape), "dtype": getattr(features, name).dtype.str}
+            for name in Features.ARRAYS
+            if getattr(features, name) is not None
+        }
+        meta = {**meta, "cls_index": features.cls_index, "features": len(features), "arrays": arrays}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
         os.replace(tmp, directory)  # atomic publish of the whole directory
     except BaseException:
@@ -493,12 +501,46 @@ def _save_features(features: Features, directory: Path, meta: dict[str, Any]) ->
         raise
 
 
+def cache_damage(directory: Path) -> str | None:
+    """Why a cache directory cannot be used as it is (None if sound).
+
+    Each array file is checked against what meta.json says it holds (shape, dtype) and against
+    the bytes its own header promises, so a truncated copy (a full disk, a partial rsync to a
+    shared mount) is caught before np.load maps it.
+    """
+    try:
+        meta = json.loads((directory / "meta.json").read_text())
+        arrays = meta["arrays"]
+    except (OSError, ValueError, KeyError) as err:
+        return f"meta.json unreadable or without array records ({err})"
+    for name, record in arrays.items():
+        path = directory / f"{name}.npy"
+        try:
+            with path.open("rb") as f:
+                version = np.lib.format.read_magic(f)
+                read_header = (
+                    np.lib.format.read_array_header_1_0
+                    if version == (1, 0)
+                    else np.lib.format.read_array_header_2_0
+                )
+                shape, _, dtype = read_header(f)  # (shape, fortran_order, dtype)
+                header = f.tell()
+            size = path.stat().st_size
+        except (OSError, ValueError) as err:
+            return f"{path.name}: unreadable ({err})"
+        if list(shape) != record["shape"] or dtype.str != record["dtype"]:
+            said = f"{record['shape']} {record['dtype']}"
+            return f"{path.name}: holds {list(shape)} {dtype.str}, meta.json says {said}"
+        expected = header + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if size != expected:
+            return f"{path.name}: {size} bytes, expected {expected}"
+    return None
+
+
 def _load_features(directory: Path) -> Features:
     meta = json.loads((directory / "meta.json").read_text())
     arrays = {
-        name: np.load(directory / f"{name}.npy", mmap_mode="r", allow_pickle=False)
-        for name in Features.ARRAYS
-        if (directory / f"{name}.npy").exists()
+        name: np.load(directory / f"{name}.npy", mmap_mode="r", allow_pickle=False) for name in meta["arrays"]
     }
     return Features(**arrays, cls_index=int(meta["cls_index"]))
 
@@ -529,13 +571,21 @@ def prepare_features(
         return build(), "off"
     fp = features_fingerprint(squad, tokenizer_name, tokenizer, spec, split)
     directory = Path(cache_dir) / f"{split}-{fp}"
+    state = "built"
     with _file_lock(directory):  # one process builds; the others wait and map it
-        if (directory / "meta.json").is_file():
-            return _load_features(directory), "hit"
+        if directory.exists():
+            damage = cache_damage(directory)
+            if damage is None:
+                return _load_features(directory), "hit"
+            logger.warning("feature cache %s is damaged (%s); rebuilding it", directory, damage)
+            aside = directory.with_name(f".{directory.name}.damaged-{os.getpid()}")
+            os.replace(directory, aside)
+            shutil.rmtree(aside, ignore_errors=True)
+            state = "rebuilt"
         features = build()
         meta = {"source": str(squad.path), "split": split, "examples": len(squad.examples)}
         _save_features(features, directory, meta)
-    return _load_features(directory), "built"
+    return _load_features(directory), state
 
 
 # --------------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from determined import pytorch
 
 import config
 import data
+import det_internals
 import squad_metric
 
 logger = logging.getLogger("squad")
@@ -429,10 +430,36 @@ class SquadTrial(pytorch.PyTorchTrial):
 
     def build_callbacks(self) -> dict[str, pytorch.PyTorchCallback]:
         self.run_log = RunLog(self)
-        return {"run_log": self.run_log}
+        callbacks: dict[str, pytorch.PyTorchCallback] = {"run_log": self.run_log}
+        info = det_internals.cluster_trial()
+        if info is not None:
+            callbacks["searcher_stop"] = SearcherStop(self.context, info, self.run_log)
+        return callbacks
 
     def get_batch_length(self, batch: dict[str, torch.Tensor]) -> int:
         return len(batch["input_ids"])
+
+
+class SearcherStop(pytorch.PyTorchCallback):
+    """End the trial cleanly when the searcher stops it: checkpoint, then return from fit().
+
+    The chief asks the master at every training report (each scheduling_unit batches) and tells
+    the other ranks, so all of them request the stop at the same batch; the controller then takes
+    its exit checkpoint (pytorch/_pytorch_trial.py:499-503). See det_internals.SearcherStopWatch
+    for why the master's decision has to be read rather than received.
+    """
+
+    def __init__(self, context: pytorch.PyTorchTrialContext, info: Any, run_log: RunLog) -> None:
+        self.context = context
+        self.run_log = run_log
+        self.watch = det_internals.SearcherStopWatch(info) if context.distributed.rank == 0 else None
+
+    def on_training_workload_end(self, avg_metrics: dict[str, Any], batch_metrics: Any) -> None:
+        stopped = self.watch.stopped() if self.watch is not None else False
+        if self.context.distributed.broadcast(stopped):
+            logger.info("the searcher stopped this trial: checkpointing and exiting")
+            self.run_log.stopped_by_searcher = True
+            self.context.set_stop_requested(True)
 
 
 class RunLog(pytorch.PyTorchCallback):
@@ -442,7 +469,8 @@ class RunLog(pytorch.PyTorchCallback):
         self.trial = trial
         self.validation: dict[str, Any] = {}
         self.checkpoint: str | None = None
-        self.steps_completed = 0
+        self.steps_completed = 0  # batches trained so far (a resumed run starts above zero)
+        self.stopped_by_searcher = False
         self.last_train_loss: float | None = None
         # Training wall time, excluding validation and checkpointing, for samples/s.
         self.train_seconds = 0.0
@@ -457,14 +485,19 @@ class RunLog(pytorch.PyTorchCallback):
         for key, value in metrics.items():
             with contextlib.suppress(TypeError, ValueError):
                 values[key] = float(value)
-        idx = self.trial.context._current_batch_idx  # None before the first batch (step-zero validation)
-        steps = 0 if idx is None else idx + 1
-        self.series[group].append({"steps_completed": steps, "end_time": time.time(), "metrics": values})
+        self.series[group].append(
+            {"steps_completed": self.steps_completed, "end_time": time.time(), "metrics": values}
+        )
 
     def _pause(self) -> None:
         if self._since is not None:
             self.train_seconds += time.perf_counter() - self._since
             self._since = None
+
+    def on_trial_startup(self, first_batch_idx: int, checkpoint_uuid: str | None) -> None:
+        # Before the first batch (step-zero validation, or a resumed run whose final validation or
+        # checkpoint is still pending) the count is where the run starts, not a batch index.
+        self.steps_completed = first_batch_idx
 
     def on_training_start(self) -> None:
         self._since = time.perf_counter()
@@ -474,9 +507,9 @@ class RunLog(pytorch.PyTorchCallback):
 
     def on_checkpoint_save_start(self, checkpoint: dict[str, Any]) -> None:
         self._pause()
-        self.steps_completed = self.trial.context._current_batch_idx + 1
 
     def on_training_workload_end(self, avg_metrics: dict[str, Any], batch_metrics: Any) -> None:
+        self.steps_completed = self.trial.context.current_train_batch() + 1
         if batch_metrics:
             self.last_train_loss = float(batch_metrics[-1]["loss"])
             self.batches_timed += len(batch_metrics)

@@ -15,18 +15,19 @@ last_train_loss (v2.0 adds the v2.0 metrics).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import os
 import random
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import config
 import data
+import det_internals
 
 ROOT = Path(__file__).resolve().parent
 
@@ -46,6 +47,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     length.add_argument("--batches", type=int, help="total training length in batches")
     length.add_argument("--epochs", type=int, help="total training length in epochs")
     parser.add_argument("--resume", type=Path, help="checkpoint directory to continue from")
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the run plan a cluster would execute for --config (one JSON object) and exit",
+    )
     parser.add_argument(
         "--metrics-out",
         type=Path,
@@ -72,17 +78,21 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-def local_distributed() -> Any:
-    """torchrun sets WORLD_SIZE: join the process group (gloo on CPU) for local multi-process."""
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+def join_process_group(on_cluster: bool) -> Any:
+    """Who initialises the torch process group, decided in one place.
+
+    On a cluster det.pytorch.init() does it (_trainer.py:282-296: it ignores `distributed=`), so
+    joining here would initialise the default group twice. Locally, torchrun sets WORLD_SIZE and
+    nothing else joins: we do (gloo on CPU) and hand init() the DistributedContext.
+    """
+    if on_cluster or int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return None
     import torch
     import torch.distributed as dist
     from determined import core
 
     os.environ.setdefault("USE_TORCH_DISTRIBUTED", "1")  # Determined's switch for torch DDP
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
-    dist.init_process_group(backend=backend)
+    dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
     return core.DistributedContext.from_torch_distributed()
 
 
@@ -96,15 +106,45 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def check_checkpoint(checkpoint: Path, what: str) -> int:
+    """A complete, undamaged Determined checkpoint, or a ConfigError naming the file; returns its
+    steps_completed. Runs before any training, so a truncated copy never ends in torch's raw
+    zip-reader traceback after the model and data are loaded."""
+    import zipfile
+
+    state, meta = checkpoint / "state_dict.pth", checkpoint / "metadata.json"
+    needed = (state, meta, checkpoint / "trial_state.pkl")
+    if not any(path.is_file() for path in needed):
+        raise config.ConfigError(
+            f"{what} {checkpoint}: not a checkpoint written by train.py "
+            "(needs state_dict.pth, metadata.json and trial_state.pkl)."
+        )
+    for path in needed:
+        if not path.is_file():
+            raise config.ConfigError(
+                f"{what} {checkpoint}: incomplete checkpoint, {path.name} is missing "
+                "(not written by train.py, or the copy was cut short)."
+            )
+    try:
+        steps = int(json.loads(meta.read_text())["steps_completed"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise config.ConfigError(f"{what} {meta}: damaged checkpoint metadata ({err}).") from None
+    try:  # torch.save writes a zip archive; check every member against its CRC
+        with zipfile.ZipFile(state) as archive:
+            bad = archive.testzip()
+    except (OSError, zipfile.BadZipFile, EOFError) as err:
+        raise config.ConfigError(
+            f"{what} {state}: damaged or truncated checkpoint ({err}); resume from an earlier "
+            "checkpoint or copy this one again."
+        ) from None
+    if bad is not None:
+        raise config.ConfigError(f"{what} {state}: damaged checkpoint (member {bad} fails its CRC).")
+    return steps
+
+
 def prepare_resume(checkpoint: Path, storage_root: Path) -> tuple[str, int]:
     """Make a checkpoint directory restorable by Determined's local storage; return (id, steps)."""
-    meta_path = checkpoint / "metadata.json"
-    if not (checkpoint / "state_dict.pth").is_file() or not meta_path.is_file():
-        raise config.ConfigError(
-            f"--resume {checkpoint}: not a checkpoint written by train.py "
-            "(needs state_dict.pth and metadata.json)."
-        )
-    steps = int(json.loads(meta_path.read_text()).get("steps_completed", 0))
+    steps = check_checkpoint(checkpoint, "--resume")
     storage_root.mkdir(parents=True, exist_ok=True)
     target = storage_root / checkpoint.name
     if not (target.exists() and target.resolve() == checkpoint.resolve()):
@@ -113,34 +153,6 @@ def prepare_resume(checkpoint: Path, storage_root: Path) -> tuple[str, int]:
             target.unlink()
         target.symlink_to(checkpoint.resolve(), target_is_directory=True)
     return target.name, steps
-
-
-@contextlib.contextmanager
-def resume_at(steps_completed: int) -> Iterator[None]:
-    """Local mode: make the trial controller continue at `steps_completed`.
-
-    In local training mode Trainer.fit() always starts the controller at batch 0, so a resumed
-    run would replay the data from the beginning. On a cluster the master passes the right count;
-    here we pass the checkpoint's. (Determined 0.38.1 is the final release, so this private
-    hook cannot move.)
-    """
-    from determined import pytorch
-
-    original = pytorch._PyTorchTrialController
-    if steps_completed == 0:
-        yield
-        return
-
-    class Resuming(original):  # type: ignore[misc, valid-type]
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            kwargs["steps_completed"] = steps_completed
-            super().__init__(*args, **kwargs)
-
-    pytorch._PyTorchTrialController = Resuming
-    try:
-        yield
-    finally:
-        pytorch._PyTorchTrialController = original
 
 
 def allow_determined_checkpoints() -> None:
@@ -156,61 +168,101 @@ def allow_determined_checkpoints() -> None:
     )
 
 
+@dataclass
+class Source:
+    """Where this run's config comes from: the master (a cluster trial) or the command line."""
+
+    exp_conf: dict[str, Any]
+    hparams: dict[str, Any]
+    slots: int
+    on_cluster: bool
+    latest_checkpoint: str | None = None  # a storage id (cluster) or local checkpoint name
+    steps_completed: int = 0
+
+
+def from_cluster(info: Any) -> Source:
+    exp_conf = det_internals.experiment_config(info)
+    latest = info.latest_checkpoint
+    if latest:
+        path = det_internals.shared_fs_checkpoint(exp_conf, latest)
+        if path is not None:
+            check_checkpoint(path, "DET_LATEST_CHECKPOINT")
+    return Source(
+        exp_conf=exp_conf,
+        hparams=dict(info.trial.hparams),
+        slots=config.slots_of(exp_conf),
+        on_cluster=True,
+        latest_checkpoint=latest,
+        steps_completed=det_internals.steps_completed(info),
+    )
+
+
+def from_command_line(args: argparse.Namespace, slots: int) -> Source:
+    """The YAML as a master would hand it, with --set / --batches / --epochs applied."""
+    exp_conf = config.apply_overrides(config.load_yaml(args.config), args.overrides)
+    exp_conf = config.with_master_defaults(exp_conf)
+    hparams = config.local_hparams(exp_conf)
+    if args.batches or args.epochs:
+        if (exp_conf.get("searcher") or {}).get("max_time") is not None:
+            exp_conf["searcher"]["max_time"] = args.batches or args.epochs
+            exp_conf["searcher"]["time_metric"] = "batches" if args.batches else "epochs"
+        else:
+            hparams["train_length"] = {"batches": args.batches} if args.batches else {"epochs": args.epochs}
+    return Source(exp_conf=exp_conf, hparams=hparams, slots=slots, on_cluster=False)
+
+
+def dry_run(args: argparse.Namespace) -> dict[str, Any]:
+    """The plan a cluster would run for --config: slots from the YAML, no model, no data."""
+    slots = config.slots_of(config.apply_overrides(config.load_yaml(args.config), args.overrides))
+    source = from_command_line(args, slots)
+    plan = config.run_plan(source.exp_conf, source.hparams, source.slots)
+    return config.describe(plan, source.exp_conf, source.slots)
+
+
 def run(args: argparse.Namespace, trial_class: type | None = None) -> dict[str, Any] | None:
     """Train as configured; rank 0 returns the final metrics. `trial_class` lets benchmarks
     instrument the trial (a SquadTrial subclass); users never need it."""
-    import determined as det
+    det_internals.check_version()
     from determined import pytorch
 
     import model_def
 
-    distributed = local_distributed()
-    info = det.get_cluster_info()
-    on_cluster = info is not None and info.task_type == "TRIAL"
-    if on_cluster:
-        exp_conf = info.trial._config
-        hparams = dict(info.trial.hparams)
-        latest, steps = info.latest_checkpoint, None
-        slots = int(exp_conf["resources"]["slots_per_trial"])
+    info = det_internals.cluster_trial()
+    distributed = join_process_group(on_cluster=info is not None)
+    if info is not None:
+        source = from_cluster(info)
     else:
-        exp_conf = config.apply_overrides(config.load_yaml(args.config), args.overrides)
-        hparams = config.local_hparams(exp_conf)
-        if args.batches or args.epochs:
-            if (exp_conf.get("searcher") or {}).get("max_time") is not None:
-                exp_conf["searcher"]["max_time"] = args.batches or args.epochs
-                exp_conf["searcher"]["time_metric"] = "batches" if args.batches else "epochs"
-            else:
-                hparams["train_length"] = (
-                    {"batches": args.batches} if args.batches else {"epochs": args.epochs}
-                )
-        slots = distributed.size if distributed else 1
-        latest, steps = None, 0
+        source = from_command_line(args, distributed.size if distributed else 1)
     # Check everything before any long work; a bad config ends here with a clear message.
-    plan = config.run_plan(exp_conf, hparams, slots)
-    if not on_cluster:
+    plan = config.run_plan(source.exp_conf, source.hparams, source.slots)
+    if not source.on_cluster:
         os.chdir(ROOT)
         seed_everything(plan.seed)
         # Local checkpoints go to DIR/determined/UUID (Determined's local storage follows XDG).
         os.environ["XDG_DATA_HOME"] = str(args.checkpoint_dir.resolve())
         if args.resume:
-            latest, steps = prepare_resume(args.resume, args.checkpoint_dir.resolve() / "determined")
+            source.latest_checkpoint, source.steps_completed = prepare_resume(
+                args.resume, args.checkpoint_dir.resolve() / "determined"
+            )
     allow_determined_checkpoints()
 
-    with pytorch.init(**plan.init_kwargs(exp_conf), distributed=distributed) as context:
+    with pytorch.init(**plan.init_kwargs(source.exp_conf), distributed=distributed) as context:
         trial = (trial_class or model_def.SquadTrial)(context)
         trainer = pytorch.Trainer(trial, context)
-        with resume_at(steps or 0):
-            trainer.fit(**plan.fit_kwargs(latest))
+        # A cluster's controller starts at the master's steps_completed; locally we pass ours.
+        with det_internals.resume_at(0 if source.on_cluster else source.steps_completed):
+            trainer.fit(**plan.fit_kwargs(source.latest_checkpoint))
         if context.distributed.rank != 0:
             return None
         log = trial.run_log
         if args.metrics_out:
-            write_metrics(args.metrics_out, exp_conf, plan, context.distributed.size, log.series)
+            write_metrics(args.metrics_out, source.exp_conf, plan, context.distributed.size, log.series)
         return {
             **{k: float(v) for k, v in log.validation.items() if k not in ("batches", "epochs")},
             "checkpoint": log.checkpoint,
             "steps_completed": log.steps_completed,
             "last_train_loss": log.last_train_loss,
+            "stopped_by_searcher": log.stopped_by_searcher,
             "train_seconds": round(log.train_seconds, 2),
             "samples_per_s": round(
                 log.batches_timed * plan.hparams["global_batch_size"] / max(log.train_seconds, 1e-9), 2
@@ -238,10 +290,13 @@ def write_metrics(
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    import determined
+
+    # Determined's own format: the WebUI parses the level from it for its log-level filter.
+    logging.basicConfig(level=logging.INFO, format=determined.LOG_FORMAT)
     try:
-        result = run(args)
-    except (config.ConfigError, data.DataError) as err:
+        result = dry_run(args) if args.dry_run else run(args)
+    except (config.ConfigError, data.DataError, det_internals.VersionError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     if result is not None:

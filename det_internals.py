@@ -1,0 +1,130 @@
+"""Every use of Determined internals, each with its reason, in one place.
+
+Determined 0.38.1 is the final release, so these cannot move under us; still, each one is
+checked against the installed version before use (`check_version`), so a different Determined
+fails with a clear message instead of an AttributeError deep in training.
+
+Cluster vs local: `cluster_trial()` is the one test. On a cluster, `det.pytorch.init()` ignores
+`distributed=` and `exp_conf=` (pytorch/_trainer.py:339-363: it initialises the process group
+itself and reads the config and `steps_completed` from the cluster info); locally we must pass
+both and join the process group ourselves.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger("squad")
+
+WRITTEN_FOR = "0.38.1"
+
+
+class VersionError(RuntimeError):
+    pass
+
+
+def check_version() -> None:
+    import determined
+
+    if determined.__version__ != WRITTEN_FOR:
+        raise VersionError(
+            f"det_internals.py relies on internals of determined=={WRITTEN_FOR}; found "
+            f"determined=={determined.__version__}. Install determined=={WRITTEN_FOR} "
+            "(requirements.txt) or re-check each use in det_internals.py against that version."
+        )
+
+
+def cluster_trial() -> Any:
+    """The ClusterInfo of a trial container, or None for a local run."""
+    import determined as det
+
+    info = det.get_cluster_info()
+    return info if info is not None and info.task_type == "TRIAL" else None
+
+
+def experiment_config(info: Any) -> dict[str, Any]:
+    # The master's config with every schema default filled. Determined marks `_config` private
+    # ("not a stable API", _info.py:92) but offers no public accessor, and a script entrypoint
+    # must apply the config itself (periods, aggregation, length).
+    return dict(info.trial._config)
+
+
+def steps_completed(info: Any) -> int:
+    # DET_STEPS_COMPLETED: what the master's latest checkpoint had trained (_info.py:104).
+    return int(info.trial._steps_completed)
+
+
+@contextlib.contextmanager
+def resume_at(steps: int) -> Iterator[None]:
+    """Local mode: make the trial controller continue at `steps` batches.
+
+    In local mode Trainer.fit() always starts the controller at batch 0 (_trainer.py:168), so a
+    resumed run would replay the data from the beginning. On a cluster the master passes the
+    right count; locally we pass the checkpoint's, through the controller's constructor.
+    """
+    from determined import pytorch
+
+    original = pytorch._PyTorchTrialController
+    if steps == 0:
+        yield
+        return
+
+    class Resuming(original):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs["steps_completed"] = steps
+            super().__init__(*args, **kwargs)
+
+    pytorch._PyTorchTrialController = Resuming
+    try:
+        yield
+    finally:
+        pytorch._PyTorchTrialController = original
+
+
+def shared_fs_checkpoint(exp_conf: dict[str, Any], uuid: str) -> Path | None:
+    """Where a cluster checkpoint lies inside this container, for shared_fs storage.
+
+    Used to check DET_LATEST_CHECKPOINT before training. Determined's storage manager knows the
+    path (`_base_path`, common/storage/shared.py) but exposes no accessor; cloud storage is only
+    readable by downloading, so it returns None there.
+    """
+    from determined import constants
+    from determined.common import storage
+
+    conf = exp_conf.get("checkpoint_storage") or {}
+    if conf.get("type") != "shared_fs":
+        return None
+    manager = storage.build(conf, container_path=constants.SHARED_FS_CONTAINER_PATH)
+    return Path(manager._base_path) / uuid
+
+
+class SearcherStopWatch:
+    """Learns whether the searcher has stopped this trial (adaptive ASHA's early stopping).
+
+    Determined 0.38.1's master moves a trial its searcher stops to STOPPING_COMPLETED but sends
+    the running allocation no signal for that state (master/internal/trial.go:760-779 signals
+    only canceled/killed/errored; experiment.go:673 and trial.go:236 set the state), and
+    Trainer.fit() exits only on preemption or a stop request. So the chief reads the trial's
+    state with Determined's own API bindings (GET /api/v1/trials/{id}) at each training report.
+    """
+
+    def __init__(self, info: Any) -> None:
+        from determined.common.api import authentication, certs
+
+        self.trial_id = info.trial.trial_id
+        cert = certs.default_load(info.master_url)
+        self.session = authentication.login_from_task(info.master_url, cert=cert)
+
+    def stopped(self) -> bool:
+        from determined.common.api import bindings
+
+        try:
+            trial = bindings.get_GetTrial(self.session, trialId=self.trial_id).trial
+        except Exception as err:  # the master may be restarting; ask again next report
+            logger.warning("could not read the trial's state from the master (%s)", err)
+            return False
+        return trial.state == bindings.trialv1State.STOPPING_COMPLETED

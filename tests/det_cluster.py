@@ -1,0 +1,542 @@
+"""A Determined 0.38.1 cluster in miniature, for tests: a stand-in master and emulated containers.
+
+Not product code. The trial is started exactly as a 0.38.1 agent starts it
+(master/static/srv/entrypoint.sh): in a container of its own -- here a private mount namespace
+with a tmpfs at /run/determined and the checkpoint storage bind-mounted at
+/determined_shared_fs -- with the environment the master and agent set
+(master/pkg/tasks/task.go:196-240, task_trial.go:114-126, agent/internal/containers/spec.go:
+140-152 and 215-225), then
+
+    python3 -m determined.exec.prep_container --download_context_directory --resources --proxy
+    python3 -m determined.exec.prep_container --rendezvous
+    exec python3 -m determined.exec.launch          # runs the YAML's entrypoint
+
+(entrypoint.sh also sources startup-hook.sh in between; the tests' venv already holds what the
+hook would install.) The stand-in answers only the calls the harness makes, parses every request
+body with Determined's generated API types (a malformed call is recorded and fails the test),
+records metrics and checkpoints, and can preempt a trial, mark it stopped by the searcher, and
+restart it after a failure from its latest checkpoint, as `max_restarts` does.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import io
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+from determined.common.api import bindings
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_FS = Path("/determined_shared_fs")  # determined.constants.SHARED_FS_CONTAINER_PATH
+RUN_DIR = Path("/run/determined")
+TASK_ID = "1.trial-1"
+EXPCONF_DEFAULTS = ROOT.parent / "shared" / "tools" / "expconf_defaults.py"
+
+
+def supported() -> str | None:
+    """Why containers cannot be emulated here (None when they can)."""
+    if os.geteuid() != 0:
+        return "needs root (private mount namespaces per emulated container)"
+    if shutil.which("unshare") is None:
+        return "needs unshare (util-linux)"
+    probe = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "true"], capture_output=True, text=True
+    )
+    if probe.returncode != 0:
+        return f"unshare -m failed: {probe.stderr.strip()}"
+    return None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def context_tgz(root: Path) -> str:
+    """The model-definition upload: the directory filtered by .detignore, as `det experiment
+    create X.yaml .` sends it (gitignore-style patterns; enough for this project's file)."""
+    patterns = [
+        line.strip()
+        for line in (root / ".detignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+
+    def ignored(rel: str, is_dir: bool) -> bool:
+        name = rel.rsplit("/", 1)[-1]
+        for p in patterns:
+            if p.endswith("/"):
+                if is_dir and (name == p[:-1] or rel == p[:-1]):
+                    return True
+            elif p.startswith("*.") and name.endswith(p[1:]):
+                return True
+            elif name == p or rel == p:
+                return True
+        return False
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for dirpath, dirnames, filenames in os.walk(root):
+            rel_dir = os.path.relpath(dirpath, root)
+            rel_dir = "" if rel_dir == "." else rel_dir + "/"
+            dirnames[:] = [d for d in dirnames if not ignored(rel_dir + d, True)]
+            for name in filenames:
+                if not ignored(rel_dir + name, False):
+                    tar.add(os.path.join(dirpath, name), arcname=rel_dir + name)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def api_error(code: int, message: str) -> dict[str, Any]:
+    """An error body as the master's gRPC gateway writes it (common/api/errors.py reads it)."""
+    return {"error": {"code": code, "reason": "stand-in", "error": message}}
+
+
+def gateway_body(body: dict[str, Any], **path_params: Any) -> dict[str, Any]:
+    """What the gRPC gateway decodes: path parameters merged in; proto field names (snake_case)
+    accepted like their JSON names (camelCase). The harness posts a few bodies by hand
+    (core/_train.py report_progress / report_early_exit) in snake_case."""
+
+    def camel(key: str) -> str:
+        head, *rest = key.split("_")
+        return head + "".join(part.title() for part in rest)
+
+    return {**{camel(k): v for k, v in body.items()}, **path_params}
+
+
+@dataclass
+class Checkpoint:
+    uuid: str
+    steps_completed: int
+    metadata: dict[str, Any]
+    resources: dict[str, str]
+
+
+@dataclass
+class Allocation:
+    id: str
+    containers: list[subprocess.Popen] = field(default_factory=list)
+    preempt: bool = False
+    acked: bool = False
+
+
+class Master:
+    """The master's trial-facing REST API on loopback, for one experiment with one trial."""
+
+    def __init__(self, context_dir: Path = ROOT) -> None:
+        self.context_b64 = context_tgz(context_dir)
+        self.experiment_id, self.trial_id = 1, 1
+        self.trial_state = bindings.trialv1State.RUNNING
+        self.metrics: list[dict[str, Any]] = []  # {group, steps_completed, metrics, trial_run_id}
+        self.checkpoints: list[Checkpoint] = []
+        self.progress: list[float] = []
+        self.calls: list[tuple[str, str]] = []
+        self.errors: list[str] = []  # malformed or unknown calls: a test fails on any
+        self.allocations: dict[str, Allocation] = {}
+        self.rendezvous: dict[tuple[str, str], bindings.v1RendezvousInfo] = {}
+        self.cond = threading.Condition()
+        master = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _body(self) -> Any:
+                length = int(self.headers.get("Content-Length") or 0)
+                return json.loads(self.rfile.read(length) or b"null")
+
+            def _send(self, code: int, obj: Any = None) -> None:
+                data = json.dumps({} if obj is None else obj).encode()
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # caller gone
+                    self.send_response(code)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+
+            def _dispatch(self, method: str) -> None:
+                url = urlparse(self.path)
+                master.calls.append((method, url.path))
+                try:
+                    body = self._body() if method in ("POST", "PATCH") else None
+                    code, out = master.handle(method, url.path, parse_qs(url.query), body)
+                except Exception as err:  # a body our bindings cannot parse: the call is wrong
+                    master.errors.append(f"{method} {url.path}: {type(err).__name__}: {err}")
+                    code, out = 400, api_error(3, str(err))
+                self._send(code, out)
+
+            def do_GET(self) -> None:
+                self._dispatch("GET")
+
+            def do_POST(self) -> None:
+                self._dispatch("POST")
+
+            def do_PATCH(self) -> None:
+                self._dispatch("PATCH")
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        with self.cond:
+            for alloc in self.allocations.values():
+                alloc.preempt = True  # release long polls
+            self.cond.notify_all()
+        self.server.shutdown()
+        self.server.server_close()
+
+    # ---- the API -------------------------------------------------------------------------
+
+    def handle(self, method: str, path: str, query: dict, body: Any) -> tuple[int, Any]:
+        b = bindings
+        m = re.fullmatch
+        if method == "GET" and (g := m(r"/api/v1/tasks/([^/]+)/context_directory", path)):
+            return 200, b.v1GetTaskContextDirectoryResponse(b64Tgz=self.context_b64).to_json()
+        if method == "POST" and m(r"/api/v1/allocations/[^/]+/acceleratorData", path):
+            b.v1PostAllocationAcceleratorDataRequest.from_json(body)
+            return 200, {}
+        if method == "GET" and (g := m(r"/api/v1/allocations/([^/]+)/resources/([^/]+)/rendezvous", path)):
+            info = self.rendezvous[(g.group(1), g.group(2))]
+            return 200, b.v1AllocationRendezvousInfoResponse(rendezvousInfo=info).to_json()
+        if method == "POST" and path == "/api/v1/runs/start":
+            req = b.v1RunPrepareForReportingRequest.from_json(body)
+            assert req.runId == self.trial_id, req.runId
+            return 200, b.v1RunPrepareForReportingResponse(storageId=1).to_json()
+        if method == "POST" and (g := m(r"/api/v1/trials/(\d+)/metrics", path)):
+            req = b.v1ReportTrialMetricsRequest.from_json(body)
+            assert int(g.group(1)) == req.metrics.trialId == self.trial_id
+            with self.cond:
+                self.metrics.append(
+                    {
+                        "group": req.group,
+                        "steps_completed": req.metrics.stepsCompleted,
+                        "metrics": dict(req.metrics.metrics.avgMetrics or {}),
+                        "trial_run_id": req.metrics.trialRunId,
+                    }
+                )
+                self.cond.notify_all()
+            return 200, {}
+        if method == "POST" and path == "/api/v1/checkpoints":
+            ck = b.v1Checkpoint.from_json(body)
+            # The master finds the trial from the task; training metadata is left empty.
+            assert ck.taskId == TASK_ID and ck.allocationId in self.allocations, (ck.taskId, ck.allocationId)
+            assert ck.state == b.checkpointv1State.COMPLETED, ck.state
+            with self.cond:
+                self.checkpoints.append(
+                    Checkpoint(
+                        ck.uuid, int(ck.metadata["steps_completed"]), dict(ck.metadata), dict(ck.resources)
+                    )
+                )
+                self.cond.notify_all()
+            return 200, {}
+        if method == "GET" and (g := m(r"/api/v1/allocations/([^/]+)/signals/preemption", path)):
+            alloc = self.allocations[g.group(1)]
+            deadline = time.monotonic() + float(query.get("timeout_seconds", ["0"])[0])
+            with self.cond:  # long poll, as the master does
+                while not alloc.preempt and time.monotonic() < deadline:
+                    self.cond.wait(timeout=min(1.0, max(0.0, deadline - time.monotonic())))
+                return 200, b.v1AllocationPreemptionSignalResponse(preempt=alloc.preempt).to_json()
+        if method == "POST" and (g := m(r"/api/v1/allocations/([^/]+)/signals/ack_preemption", path)):
+            b.v1AckAllocationPreemptionSignalRequest.from_json(body)
+            self.allocations[g.group(1)].acked = True
+            return 200, {}
+        if method == "POST" and (g := m(r"/api/v1/trials/(\d+)/progress", path)):
+            req = b.v1ReportTrialProgressRequest.from_json(gateway_body(body, trialId=int(g.group(1))))
+            self.progress.append(req.progress)
+            return 200, {}
+        if method == "POST" and m(r"/api/v1/trials/\d+/runner/metadata", path):
+            b.v1TrialRunnerMetadata.from_json(body)
+            return 200, {}
+        if method == "GET" and m(r"/api/v1/experiments/\d+/searcher/best_searcher_validation_metric", path):
+            values = [r["metrics"].get("f1") for r in self.metrics if r["group"] == "validation"]
+            values = [v for v in values if v is not None]
+            if not values:
+                return 404, api_error(5, "no validations yet")
+            return 200, b.v1GetBestSearcherValidationMetricResponse(metric=max(values)).to_json()
+        if method == "GET" and (g := m(r"/api/v1/trials/(\d+)", path)):
+            trial = b.trialv1Trial(
+                experimentId=self.experiment_id,
+                hparams={},
+                id=int(g.group(1)),
+                restarts=0,
+                startTime="2026-11-22T00:00:00Z",
+                state=self.trial_state,
+                totalBatchesProcessed=max([r["steps_completed"] for r in self.metrics] or [0]),
+            )
+            return 200, b.v1GetTrialResponse(trial=trial).to_json()
+        if method == "POST" and m(r"/api/v1/trials/\d+/early_exit", path):
+            b.v1TrialEarlyExit.from_json(gateway_body(body))
+            return 200, {}
+        self.errors.append(f"unexpected call {method} {path}")
+        return 404, api_error(5, f"{method} {path}: not served by this stand-in")
+
+    # ---- what a test asks of the master --------------------------------------------------
+
+    def wait_for(self, pred: Callable[[], bool], timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while not pred():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self.cond.wait(timeout=min(left, 1.0))
+        return True
+
+    def trained_to(self, steps: int) -> Callable[[], bool]:
+        return lambda: any(r["group"] == "training" and r["steps_completed"] >= steps for r in self.metrics)
+
+    def preempt(self) -> None:
+        with self.cond:
+            for alloc in self.allocations.values():
+                alloc.preempt = True
+            self.cond.notify_all()
+
+    def stop_by_searcher(self) -> None:
+        self.trial_state = bindings.trialv1State.STOPPING_COMPLETED
+
+    def validations(self) -> list[dict[str, Any]]:
+        return [r for r in self.metrics if r["group"] == "validation"]
+
+
+@dataclass
+class TrialRun:
+    """One trial as the master drives it: allocations until it completes or runs out of restarts."""
+
+    exit_codes: list[int] = field(default_factory=list)
+    preempted: int = 0
+    logs: list[str] = field(default_factory=list)
+
+
+class Cluster:
+    """Runs trials of one experiment config on emulated containers against a stand-in master."""
+
+    def __init__(self, master: Master, storage: Path, workdir: Path, env: dict[str, str] | None = None):
+        self.master = master
+        self.storage = storage  # shared_fs host_path
+        self.workdir = workdir
+        self.extra_env = env or {}
+        storage.mkdir(parents=True, exist_ok=True)
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.run_id = 0
+
+    def experiment_config(self, conf: dict[str, Any]) -> dict[str, Any]:
+        """The config as the master hands it: every schema default filled (by the master's own
+        schemas through ../shared/tools/expconf_defaults.py where present), shared_fs storage."""
+        import yaml
+
+        import config
+
+        if EXPCONF_DEFAULTS.is_file():
+            path = self.workdir / f"exp-{uuid.uuid4().hex[:8]}.yaml"
+            path.write_text(yaml.safe_dump(conf))
+            out = subprocess.run(
+                [sys.executable, str(EXPCONF_DEFAULTS), str(path), "--checkpoint-dir", str(self.storage)],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            return json.loads(out.stdout)
+        conf = config.with_master_defaults(conf)
+        conf["checkpoint_storage"] = {
+            "type": "shared_fs",
+            "host_path": str(self.storage),
+            "save_experiment_best": 0,
+            "save_trial_best": 1,
+            "save_trial_latest": 1,
+        }
+        conf.setdefault("debug", False)
+        return conf
+
+    def _env(self, conf: dict, hparams: dict, alloc: Allocation, rank: int, slots: list[int]) -> dict:
+        latest = self.master.checkpoints[-1] if self.master.checkpoints else None
+        env = {
+            "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+            "HOME": str(self.workdir),
+            "LANG": "C.UTF-8",
+            "HF_HUB_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+            "OMP_NUM_THREADS": "1",
+            # agent/internal/containers/spec.go
+            "DET_MASTER": self.master.url,
+            "DET_MASTER_HOST": "127.0.0.1",
+            "DET_MASTER_ADDR": "127.0.0.1",
+            "DET_MASTER_PORT": self.master.url.rsplit(":", 1)[1],
+            "DET_CLUSTER_ID": "emulated-cluster",
+            "DET_MASTER_ID": "emulated-master",
+            "DET_AGENT_ID": f"agent-{rank}",
+            "DET_CONTAINER_ID": f"{alloc.id}-c{rank}",
+            "DET_SLOT_IDS": json.dumps(slots),
+            # master/pkg/tasks/task.go EnvVars
+            "PYTHONUSERBASE": "/run/determined/pythonuserbase",
+            "DET_TASK_ID": TASK_ID,
+            "DET_ALLOCATION_ID": alloc.id,
+            "DET_RESOURCES_ID": f"{alloc.id}-c{rank}",
+            "DET_RESOURCES_TYPE": "docker-container",
+            "DET_SESSION_TOKEN": "allocation-token",
+            "DET_USER_TOKEN": "user-token",
+            "DET_USER": "determined",
+            "DET_WORKDIR": str(RUN_DIR / "workdir"),
+            "DET_RUN_DIR": str(RUN_DIR),
+            "DET_USE_TLS": "false",
+            "DET_SEGMENT_ENABLED": "false",
+            "DET_TASK_LOGGING_METADATA": json.dumps({"allocation_id": alloc.id, "task_id": TASK_ID}),
+            # master/pkg/tasks/task_trial.go
+            "DET_TASK_TYPE": "TRIAL",
+            "DET_EXPERIMENT_ID": str(self.master.experiment_id),
+            "DET_TRIAL_ID": str(self.master.trial_id),
+            "DET_TRIAL_RUN_ID": str(self.run_id),
+            "DET_TRIAL_SEED": str(conf["reproducibility"]["experiment_seed"] % 2**31),
+            "DET_EXPERIMENT_CONFIG": json.dumps(conf),
+            "DET_HPARAMS": json.dumps(hparams),
+            "DET_STEPS_COMPLETED": str(latest.steps_completed if latest else 0),
+            # torch's c10d store port, per allocation so parallel runs never collide
+            "C10D_PORT": str(self.c10d_port),
+        }
+        if latest:
+            env["DET_LATEST_CHECKPOINT"] = latest.uuid
+        env.update(self.extra_env)
+        return env
+
+    def start(
+        self, conf: dict, hparams: dict, containers: int = 1, slots_per_container: int = 1
+    ) -> Allocation:
+        self.run_id += 1
+        alloc = Allocation(id=f"alloc-{uuid.uuid4().hex[:8]}")
+        self.master.allocations[alloc.id] = alloc
+        self.c10d_port = free_port()
+        addrs = ["127.0.0.1"] * containers
+        for rank in range(containers):
+            self.master.rendezvous[(alloc.id, f"{alloc.id}-c{rank}")] = bindings.v1RendezvousInfo(
+                addresses=addrs, rank=rank, slots=[slots_per_container] * containers
+            )
+        for rank in range(containers):
+            slots = list(range(slots_per_container))
+            env = self._env(conf, hparams, alloc, rank, slots)
+            script = (
+                "set -e; mkdir -p /run/determined /determined_shared_fs; "
+                "mount -t tmpfs tmpfs /run/determined; "
+                f"mount --bind {self.storage} /determined_shared_fs; "
+                "mkdir -p /run/determined/info /run/determined/workdir; cd /run/determined/workdir; "
+                "python3 -m determined.exec.prep_container --download_context_directory --resources --proxy; "
+                "python3 -m determined.exec.prep_container --rendezvous; "
+                "exec python3 -m determined.exec.launch"
+            )
+            log = open(self.workdir / f"{alloc.id}-c{rank}.log", "w")
+            proc = subprocess.Popen(
+                ["unshare", "-m", "--propagation", "private", "sh", "-c", script],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            alloc.containers.append(proc)
+        return alloc
+
+    def wait(self, alloc: Allocation, timeout: float) -> list[int]:
+        deadline = time.monotonic() + timeout
+        codes = []
+        for proc in alloc.containers:
+            try:
+                codes.append(proc.wait(timeout=max(1.0, deadline - time.monotonic())))
+            except subprocess.TimeoutExpired:
+                self.kill(alloc)
+                codes.append(proc.wait())
+        return codes
+
+    def kill(self, alloc: Allocation) -> None:
+        for proc in alloc.containers:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+
+    def log(self, alloc: Allocation) -> str:
+        return "\n".join(
+            (self.workdir / f"{alloc.id}-c{rank}.log").read_text() for rank in range(len(alloc.containers))
+        )
+
+    def run_trial(
+        self,
+        conf: dict,
+        hparams: dict,
+        *,
+        containers: int = 1,
+        slots_per_container: int = 1,
+        timeout: float = 300,
+        during: Callable[[Allocation], None] | None = None,
+    ) -> TrialRun:
+        """Allocations until the trial completes: a preempted run is started again (a pause and
+        activate), a failed one restarted from its latest checkpoint while max_restarts allows."""
+        conf = self.experiment_config(conf)
+        record = TrialRun()
+        restarts = 0
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            alloc = self.start(conf, hparams, containers, slots_per_container)
+            if during is not None:
+                during(alloc)
+                during = None  # a fault or preemption is injected into the first allocation only
+            codes = self.wait(alloc, deadline - time.monotonic())
+            record.logs.append(self.log(alloc))
+            code = next((c for c in codes if c != 0), 0)
+            record.exit_codes.append(code)
+            if code == 0 and alloc.preempt and alloc.acked:
+                record.preempted += 1
+                continue
+            if code != 0 and restarts < int(conf.get("max_restarts", 5)):
+                restarts += 1
+                continue
+            return record
+        raise TimeoutError(
+            f"trial did not finish within {timeout} s; logs:\n" + "\n".join(record.logs)[-4000:]
+        )
+
+
+def rank_pids(alloc: Allocation, rank: int) -> list[int]:
+    """The train.py processes of one global rank inside an allocation's containers."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes().split(b"\0")
+            env = dict(
+                kv.split(b"=", 1) for kv in (entry / "environ").read_bytes().split(b"\0") if b"=" in kv
+            )
+        except OSError:
+            continue
+        if (
+            any(part.endswith(b"train.py") for part in cmd)
+            and cmd[0].endswith(b"python3") is not None
+            and env.get(b"DET_ALLOCATION_ID") == alloc.id.encode()
+            and env.get(b"RANK") == str(rank).encode()
+            and b"determined.launch.wrap_rank" not in b" ".join(cmd)
+        ):
+            pids.append(int(entry.name))
+    return pids
+
+
+@contextlib.contextmanager
+def emulated_cluster(tmp: Path, env: dict[str, str] | None = None) -> Iterator[Cluster]:
+    master = Master()
+    try:
+        yield Cluster(master, tmp / "shared_fs", tmp / "agent", env)
+    finally:
+        master.close()
