@@ -92,8 +92,7 @@ def shared_fs_checkpoint(exp_conf: dict[str, Any], uuid: str) -> Path | None:
     path (`_base_path`, common/storage/shared.py) but exposes no accessor; cloud storage is only
     readable by downloading, so it returns None there.
     """
-    from determined import constants
-    from determined.common import storage
+    from determined.common import constants, storage
 
     conf = exp_conf.get("checkpoint_storage") or {}
     if conf.get("type") != "shared_fs":

@@ -121,3 +121,19 @@ def run_train(args: list[str]) -> tuple[int, dict[str, Any] | None, str]:
     lines = [line for line in out.getvalue().splitlines() if line.strip()]
     result = json.loads(lines[-1]) if code == 0 and lines else None
     return code, result, err.getvalue()
+
+
+def run_cli(args: list[str], cwd: Path | None = None) -> dict[str, Any]:
+    """Run one of the project's CLIs (`[script, *args]`) as a user would; its last stdout line,
+    parsed as JSON. A non-zero exit fails the test with the CLI's stderr."""
+    import subprocess
+
+    out = subprocess.run(
+        [sys.executable, str(ROOT / args[0]), *args[1:]],
+        capture_output=True,
+        text=True,
+        cwd=cwd or ROOT,
+        timeout=600,
+    )
+    assert out.returncode == 0, f"{args[0]} exited {out.returncode}: {out.stderr[-3000:]}"
+    return json.loads(out.stdout.strip().splitlines()[-1])

@@ -152,6 +152,9 @@ class Master:
         self.allocations: dict[str, Allocation] = {}
         self.rendezvous: dict[tuple[str, str], bindings.v1RendezvousInfo] = {}
         self.cond = threading.Condition()
+        # Called with each metrics report before the trial gets its answer, so a test can act at
+        # an exact step (flip the searcher's decision, kill a rank) without racing the trial.
+        self.on_report: Callable[[dict[str, Any]], None] | None = None
         master = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -224,15 +227,16 @@ class Master:
         if method == "POST" and (g := m(r"/api/v1/trials/(\d+)/metrics", path)):
             req = b.v1ReportTrialMetricsRequest.from_json(body)
             assert int(g.group(1)) == req.metrics.trialId == self.trial_id
+            report = {
+                "group": req.group,
+                "steps_completed": req.metrics.stepsCompleted,
+                "metrics": dict(req.metrics.metrics.avgMetrics or {}),
+                "trial_run_id": req.metrics.trialRunId,
+            }
+            if self.on_report is not None:
+                self.on_report(report)
             with self.cond:
-                self.metrics.append(
-                    {
-                        "group": req.group,
-                        "steps_completed": req.metrics.stepsCompleted,
-                        "metrics": dict(req.metrics.metrics.avgMetrics or {}),
-                        "trial_run_id": req.metrics.trialRunId,
-                    }
-                )
+                self.metrics.append(report)
                 self.cond.notify_all()
             return 200, {}
         if method == "POST" and path == "/api/v1/checkpoints":
@@ -256,7 +260,10 @@ class Master:
                     self.cond.wait(timeout=min(1.0, max(0.0, deadline - time.monotonic())))
                 return 200, b.v1AllocationPreemptionSignalResponse(preempt=alloc.preempt).to_json()
         if method == "POST" and (g := m(r"/api/v1/allocations/([^/]+)/signals/ack_preemption", path)):
-            b.v1AckAllocationPreemptionSignalRequest.from_json(body)
+            # Posted with no body (core/_preempt.py:257): the gateway fills the path parameter.
+            b.v1AckAllocationPreemptionSignalRequest.from_json(
+                gateway_body(body or {}, allocationId=g.group(1))
+            )
             self.allocations[g.group(1)].acked = True
             return 200, {}
         if method == "POST" and (g := m(r"/api/v1/trials/(\d+)/progress", path)):
@@ -524,7 +531,6 @@ def rank_pids(alloc: Allocation, rank: int) -> list[int]:
             continue
         if (
             any(part.endswith(b"train.py") for part in cmd)
-            and cmd[0].endswith(b"python3") is not None
             and env.get(b"DET_ALLOCATION_ID") == alloc.id.encode()
             and env.get(b"RANK") == str(rank).encode()
             and b"determined.launch.wrap_rank" not in b" ".join(cmd)

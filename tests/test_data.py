@@ -248,3 +248,40 @@ def test_cli_prints_json_last_and_fails_cleanly(tiny_bert, tmp_path: Path, capsy
         data.main(["--squad", str(bad), "--tokenizer", str(tiny_bert), "--split", "train", "--no-cache"]) == 2
     )
     assert "invalid or truncated JSON" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("damage", ["truncate", "drop_file", "shape_mismatch"])
+def test_damaged_cache_is_detected_and_rebuilt(damage: str, tokenizer, tmp_path: Path, caplog) -> None:
+    squad = data.load_squad(TRAIN_V1, training=True)
+    spec = data.WindowSpec(128, 32, 32)
+    mapped, _ = data.prepare_features(squad, tokenizer, "m", spec, "train", tmp_path)
+    good = np.array(mapped.input_ids)  # a copy: the map itself dies with the file's bytes
+    del mapped
+    (directory,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    array = directory / "input_ids.npy"
+    if damage == "truncate":  # a full disk or a cut-short copy to a shared mount
+        array.write_bytes(array.read_bytes()[: array.stat().st_size // 3])
+    elif damage == "drop_file":
+        array.unlink()
+    else:  # an array from another build
+        np.save(array, np.zeros((3, 5), dtype=np.int32))
+    assert data.cache_damage(directory) is not None
+    with caplog.at_level("WARNING", logger="squad"):
+        again, state = data.prepare_features(squad, tokenizer, "m", spec, "train", tmp_path)
+    assert state == "rebuilt" and str(directory) in caplog.text
+    assert np.array_equal(again.input_ids, good)
+    assert data.cache_damage(directory) is None
+    assert [p for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no debris left
+
+
+def test_data_cli_rebuilds_a_truncated_cache(tmp_path: Path) -> None:
+    from conftest import run_cli
+
+    args = ["data.py", "--squad", str(TRAIN_V1), "--tokenizer", data.EMBEDDED_MODEL, "--split", "train"]
+    args += ["--cache-dir", str(tmp_path)]
+    assert run_cli(args)["cache"] == "built"
+    (directory,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    lengths = directory / "lengths.npy"
+    lengths.write_bytes(lengths.read_bytes()[:100])
+    assert run_cli(args)["cache"] == "rebuilt"
+    assert run_cli(args)["cache"] == "hit"

@@ -156,3 +156,44 @@ def test_inference_benchmark_runs_predicts_path_and_reports(trained, tmp_path: P
     assert {(r["model"], r["batch"], r["length"]) for r in report["shapes"]} == {
         (str(ckpt_model), 2, 64) for ckpt_model in (report["model"], "bert-base")
     }
+
+
+@pytest.mark.parametrize("damage", ["truncated_state", "missing_metadata"])
+def test_damaged_checkpoint_is_refused_before_training(damage: str, trained, tmp_path: Path) -> None:
+    import shutil
+
+    checkpoint, _ = trained
+    conf_path = checkpoint.parents[2] / "exp.yaml"  # the fixture's tmp/ckpt/determined/UUID
+    ckpt = tmp_path / "copy"
+    shutil.copytree(checkpoint, ckpt)
+    if damage == "truncated_state":
+        state = ckpt / "state_dict.pth"
+        state.write_bytes(state.read_bytes()[: state.stat().st_size - 1000])
+        expected = "state_dict.pth: damaged or truncated checkpoint"
+    else:
+        (ckpt / "metadata.json").unlink()
+        expected = "incomplete checkpoint, metadata.json is missing"
+    code, out, err = run_train(["--config", str(conf_path), "--resume", str(ckpt)])
+    assert code == 2 and out is None and expected in err and "Traceback" not in err
+
+
+def test_run_log_counts_steps_before_the_first_batch() -> None:
+    """A checkpoint or validation before any batch of this run (step-zero validation, or a resumed
+    run whose final validation is pending) reports where the run starts, not a batch index."""
+    from determined import errors
+
+    import model_def
+
+    class Context:
+        def current_train_batch(self) -> int:
+            raise errors.InternalException("Training hasn't started.")
+
+    class Trial:
+        context = Context()
+
+    Trial.context._current_batch_idx = None  # what Determined's context holds before a batch
+    log = model_def.RunLog(Trial())  # type: ignore[arg-type]
+    log.on_trial_startup(12, "some-uuid")
+    log.on_validation_end({"f1": 1.0})
+    log.on_checkpoint_save_start({})
+    assert log.steps_completed == 12 and log.series["validation"][0]["steps_completed"] == 12
