@@ -46,8 +46,8 @@ def shaped_like(
     searcher = conf["searcher"]
     if searcher.get("max_time") is not None:
         searcher["max_time"] = batches
-        first_rung = config.asha_brackets(searcher)[0][0]
-        conf["min_validation_period"] = {"batches": first_rung}
+        # search.yaml's 16 trials, divisor 4: rungs at max_time/16, /4 and max_time.
+        conf["min_validation_period"] = {"batches": batches // 16}
     else:
         hp["train_length"] = {"batches": batches}
         conf["min_validation_period"] = {"batches": batches}

@@ -1,0 +1,120 @@
+"""Wall time of the same short 2-slot run: the emulated 0.38.1 cluster path vs local torchrun.
+
+    python3 bench/cluster_path.py [--batches 20] [--repeats 2] [--json FILE]   # needs root
+
+Both run the embedded default (local.yaml: MiniLM, the bundled SQuAD text) for --batches batches
+on 2 CPU processes (gloo) and end with the full validation on the 810-question dev excerpt, from
+a warm feature cache. The cluster path starts the trial as a 0.38.1 agent does
+(tests/det_cluster.py: a private mount namespace per container, prep_container, exec.launch,
+determined.launch.torch_distributed, pid_server/pid_client, wrap_rank) and the trial talks to a
+stand-in master over loopback; the local path is `torchrun --standalone --nproc_per_node=2
+train.py`. Runs alternate so drift on this shared VM hits both. Prints one JSON object with the
+wall times, EM/F1 of each run and the ratio cluster / local.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+import det_cluster  # noqa: E402
+
+import config  # noqa: E402
+
+
+def experiment(batches: int, cache: Path) -> tuple[dict, dict]:
+    conf = config.load_yaml(ROOT / "local.yaml")
+    conf["data"]["cache_dir"] = str(cache)
+    for key in ("train_file", "validation_file"):  # the container's context has no squad_data/
+        conf["data"][key] = str(ROOT / conf["data"][key])
+    conf["resources"]["slots_per_trial"] = 2
+    conf["hyperparameters"]["train_length"] = {"type": "const", "val": {"batches": batches}}
+    conf["entrypoint"] = "python3 -m determined.launch.torch_distributed python3 train.py"
+    return conf, config.local_hparams(conf)
+
+
+def local_run(conf: dict, tmp: Path) -> tuple[float, dict]:
+    path = tmp / "local.yaml"
+    path.write_text(json.dumps(conf))
+    env = {k: v for k, v in os.environ.items() if k != "USE_TORCH_DISTRIBUTED"}
+    env.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    start = time.perf_counter()
+    out = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         str(ROOT / "train.py"), "--config", str(path), "--checkpoint-dir", str(tmp / "ckpt")],
+        capture_output=True, text=True, env=env, cwd=ROOT,
+    )  # fmt: skip
+    seconds = time.perf_counter() - start
+    if out.returncode != 0:
+        raise SystemExit(f"local run failed:\n{out.stderr[-3000:]}")
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    return seconds, {"exact_match": result["exact_match"], "f1": result["f1"]}
+
+
+def cluster_run(conf: dict, hp: dict, tmp: Path) -> tuple[float, dict]:
+    with det_cluster.emulated_cluster(tmp) as cluster:
+        start = time.perf_counter()
+        record = cluster.run_trial(conf, hp, slots_per_container=2, timeout=1200)
+        seconds = time.perf_counter() - start
+        if record.exit_codes != [0] or cluster.master.errors:
+            raise SystemExit(f"cluster run failed: {cluster.master.errors}\n{record.logs[-1][-3000:]}")
+        val = cluster.master.validations()[-1]["metrics"]
+    return seconds, {"exact_match": val["exact_match"], "f1": val["f1"]}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    why = det_cluster.supported()
+    if why:
+        print(f"error: cannot emulate cluster containers here: {why}", file=sys.stderr)
+        return 2
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        conf, hp = experiment(args.batches, tmp / "features")
+        local_run(conf, tmp / "warm")  # builds the feature cache both paths then read
+        times: dict[str, list[float]] = {"cluster": [], "local": []}
+        scores: dict[str, list[dict]] = {"cluster": [], "local": []}
+        for i in range(args.repeats):
+            for name in ("cluster", "local") if i % 2 == 0 else ("local", "cluster"):
+                run_dir = tmp / f"{name}-{i}"
+                run_dir.mkdir()
+                if name == "cluster":
+                    seconds, score = cluster_run(conf, hp, run_dir)
+                else:
+                    seconds, score = local_run(conf, run_dir)
+                times[name].append(round(seconds, 2))
+                scores[name].append(score)
+                print(f"{name} run {i + 1}: {seconds:.1f} s {score}", file=sys.stderr)
+    report = {
+        "batches": args.batches,
+        "slots": 2,
+        "wall_seconds": times,
+        "scores": scores,
+        "cluster_over_local": round(
+            statistics.median(times["cluster"]) / statistics.median(times["local"]), 3
+        ),
+    }
+    print(json.dumps(report))
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
