@@ -45,6 +45,7 @@ def experiment(batches: int, cache: Path) -> tuple[dict, dict]:
 
 
 def local_run(conf: dict, tmp: Path) -> tuple[float, dict]:
+    tmp.mkdir(parents=True, exist_ok=True)
     path = tmp / "local.yaml"
     path.write_text(json.dumps(conf))
     env = {k: v for k, v in os.environ.items() if k != "USE_TORCH_DISTRIBUTED"}
