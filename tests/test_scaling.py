@@ -161,7 +161,7 @@ def _experiment(slots: int, per_report_s: float, trial_state: Any) -> Any:
     conf["resources"]["slots_per_trial"] = slots
     conf["hyperparameters"] = {k: {"type": "const", "val": v} for k, v in conf["hyperparameters"].items()}
     conf["hyperparameters"]["global_batch_size"]["val"] = 12 * slots
-    t0 = dt.datetime(2026, 11, 22, 12, 0, tzinfo=dt.UTC)
+    t0 = dt.datetime(2026, 11, 22, 12, 0, tzinfo=dt.timezone.utc)
 
     def metrics(group: str) -> list[TrialMetrics]:
         if group == "training":
