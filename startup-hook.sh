@@ -16,6 +16,8 @@ squad_startup_hook() {
   local probe
   if ! probe=$("$py" - <<'PY'
 import sys
+from importlib.metadata import version
+
 try:
     import numpy, torch
 except ImportError as err:
@@ -30,8 +32,9 @@ if (major, minor) < (3, 10) or torch_v < (2, 2):
           "determinedai/pytorch-ngc:0.38.1 or newer", file=sys.stderr)
     sys.exit(1)
 modern = (major, minor) >= (3, 11) and torch_v >= (2, 6)
-print("requirements.txt" if modern else "requirements-cluster.txt",
-      torch.__version__, numpy.__version__)
+# The installed distributions' versions, which pip compares constraints against (a PyPI
+# torch reports __version__ "2.3.1+cu121" but is installed as "2.3.1").
+print("requirements.txt" if modern else "requirements-cluster.txt", version("torch"), version("numpy"))
 PY
   ); then
     return 1

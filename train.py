@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import compat
 import config
 import data
 import det_internals
@@ -155,19 +156,6 @@ def prepare_resume(checkpoint: Path, storage_root: Path) -> tuple[str, int]:
     return target.name, steps
 
 
-def allow_determined_checkpoints() -> None:
-    # Determined's controller torch.load()s its own checkpoints with torch's default
-    # weights_only=True; the RNG state inside holds NumPy objects, which we allow explicitly
-    # instead of turning weights_only off.
-    import numpy as np
-    import torch
-
-    multiarray = np._core.multiarray if hasattr(np, "_core") else np.core.multiarray
-    torch.serialization.add_safe_globals(
-        [multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
-    )
-
-
 @dataclass
 class Source:
     """Where this run's config comes from: the master (a cluster trial) or the command line."""
@@ -244,7 +232,7 @@ def run(args: argparse.Namespace, trial_class: type | None = None) -> dict[str, 
             source.latest_checkpoint, source.steps_completed = prepare_resume(
                 args.resume, args.checkpoint_dir.resolve() / "determined"
             )
-    allow_determined_checkpoints()
+    compat.allow_determined_checkpoints()
 
     with pytorch.init(**plan.init_kwargs(source.exp_conf), distributed=distributed) as context:
         trial = (trial_class or model_def.SquadTrial)(context)

@@ -22,7 +22,13 @@ def _run(conf: dict, tmp: Path, *extra: str) -> tuple[int, dict | None, str]:
 
 
 def _state(checkpoint: str) -> dict:
-    return torch.load(Path(checkpoint) / "state_dict.pth", map_location="cpu", weights_only=True)
+    """Determined's state_dict.pth that this test's run just wrote."""
+    import compat
+
+    # torch < 2.4 cannot allow the NumPy RNG types under weights_only (compat.py); there
+    # Determined itself loads the file unrestricted, and so does this test.
+    restricted = compat.allow_determined_checkpoints()
+    return torch.load(Path(checkpoint) / "state_dict.pth", map_location="cpu", weights_only=restricted)
 
 
 def test_train_validate_checkpoint_and_hf_export(tiny_bert: Path, tmp_path: Path) -> None:

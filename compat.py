@@ -1,0 +1,39 @@
+"""Every difference between the two dependency sets this trial runs on, in one place.
+
+- local runs and tests (requirements.txt): Python >= 3.11, torch 2.13, NumPy 2, transformers 5;
+- Determined's default image (requirements-cluster.txt): Python 3.10, torch 2.3, NumPy 1.26,
+  transformers 4.57.
+
+Each function says what differs; the rest of the code calls these and never checks versions.
+`bash .ci/compat` runs the trial's tests on the second set.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def allow_determined_checkpoints() -> bool:
+    """Let torch.load(weights_only=True) read the NumPy RNG state in Determined's checkpoints.
+
+    torch >= 2.6 loads with weights_only=True by default, and Determined's controller calls plain
+    torch.load on its own checkpoints, whose RNG state holds NumPy objects: we allow exactly
+    those instead of turning weights_only off. torch 2.3 loads them unrestricted and has no
+    add_safe_globals: there this returns False (weights_only=True cannot read them). NumPy moved
+    `_reconstruct` from numpy.core to numpy._core in 2.0; the pickle protocol names it, so we
+    take it from there.
+    """
+    import numpy as np
+    import torch
+
+    add_safe_globals = getattr(torch.serialization, "add_safe_globals", None)
+    if add_safe_globals is None:
+        return False
+    reconstruct = np.ndarray((0,)).__reduce__()[0]
+    add_safe_globals([reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))])
+    return True
+
+
+def model_kwargs(attn_implementation: str) -> dict[str, Any]:
+    """from_pretrained keyword arguments for the attention implementation."""
+    return {"attn_implementation": attn_implementation}
