@@ -171,6 +171,7 @@ class RunPlan:
     step_zero_validation: bool
     reporting_period: int
     seed: int
+    collective_timeout_s: float | None = None  # None: torch's default (30 minutes)
 
     def init_kwargs(self, exp_conf: dict[str, Any]) -> dict[str, Any]:
         return {
@@ -294,6 +295,35 @@ def _check_rungs(conf: dict[str, Any], validation: Length | None) -> None:
         )
 
 
+TIMEOUT_VARIABLE = "SQUAD_COLLECTIVE_TIMEOUT_S"
+
+
+def collective_timeout(conf: dict[str, Any]) -> float | None:
+    """How long a collective (all-reduce, broadcast) may wait for a peer before the run fails.
+
+    Set in the YAML as `environment.environment_variables: [SQUAD_COLLECTIVE_TIMEOUT_S=300]`, so
+    a cluster exports it too; read from the config here, so local runs honour the same YAML.
+    """
+    env = (conf.get("environment") or {}).get("environment_variables") or []
+    if isinstance(env, dict):  # {cpu: [...], cuda: [...]}: the same value is expected in both
+        env = [item for items in env.values() for item in (items or [])]
+    values = {item.partition("=")[2] for item in env if str(item).startswith(TIMEOUT_VARIABLE + "=")}
+    if not values:
+        return None
+    if len(values) > 1:
+        raise ConfigError(f"environment.environment_variables: {TIMEOUT_VARIABLE} set to {sorted(values)}.")
+    (raw,) = values
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise ConfigError(
+            f"environment.environment_variables: {TIMEOUT_VARIABLE}={raw!r} must be a number of seconds > 0."
+        )
+    return seconds
+
+
 def run_plan(conf: dict[str, Any], hparams: dict[str, Any], slots: int) -> RunPlan:
     """Check a config and turn it into a RunPlan. Raises ConfigError naming the field."""
     unknown = set(hparams) - set(HPARAM_DEFAULTS) - {"train_length"}
@@ -358,6 +388,7 @@ def run_plan(conf: dict[str, Any], hparams: dict[str, Any], slots: int) -> RunPl
         step_zero_validation=bool(conf.get("perform_initial_validation", False)),
         reporting_period=int(conf.get("scheduling_unit", 100)),
         seed=int(seed),
+        collective_timeout_s=collective_timeout(conf),
     )
 
 

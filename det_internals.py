@@ -85,6 +85,35 @@ def resume_at(steps: int) -> Iterator[None]:
         pytorch._PyTorchTrialController = original
 
 
+@contextlib.contextmanager
+def collective_timeout(seconds: float | None) -> Iterator[None]:
+    """On a cluster, give Determined's own init_process_group call a timeout.
+
+    pytorch.init() joins the process group itself with torch's default timeout (30 minutes;
+    _trainer.py:291-294), so a machine that drops off the network stalls every other rank that
+    long. The call reads `dist.init_process_group` from the module at call time, so wrapping it
+    here adds the timeout; a timeout the call already passes wins.
+    """
+    if seconds is None:
+        yield
+        return
+    import datetime
+
+    import torch.distributed as dist
+
+    original = dist.init_process_group
+
+    def with_timeout(*args: Any, **kwargs: Any) -> Any:
+        kwargs.setdefault("timeout", datetime.timedelta(seconds=seconds))
+        return original(*args, **kwargs)
+
+    dist.init_process_group = with_timeout
+    try:
+        yield
+    finally:
+        dist.init_process_group = original
+
+
 def shared_fs_checkpoint(exp_conf: dict[str, Any], uuid: str) -> Path | None:
     """Where a cluster checkpoint lies inside this container, for shared_fs storage.
 

@@ -271,12 +271,19 @@ class SquadTrial(pytorch.PyTorchTrial):
                 len(self.train_set.skipped),
                 self.train_set.skipped[:10],
             )
-        self.train_features, _ = data.prepare_features(
+        self.train_features, train_cache = data.prepare_features(
             self.train_set, self.tokenizer, model_name, spec, "train", cache_dir
         )
-        self.val_features, _ = data.prepare_features(
+        self.val_features, val_cache = data.prepare_features(
             self.val_set, self.tokenizer, model_name, spec, "validation", cache_dir
         )
+        rank, size = context.distributed.rank, context.distributed.size
+        logger.info(
+            "rank %d of %d: features train %s / validation %s in %s; aggregation_frequency=%d "
+            "optimizer=%s gradient_compression=%s global_batch_size=%d",
+            rank, size, train_cache, val_cache, cache_dir.resolve(), self.plan.aggregation_frequency,
+            hp["optimizer"], self.plan.gradient_compression, hp["global_batch_size"],
+        )  # fmt: skip
 
         # Model, optimizer, schedule, precision.
         from transformers import AutoModelForQuestionAnswering

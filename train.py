@@ -15,6 +15,7 @@ last_train_loss (v2.0 adds the v2.0 metrics).
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import logging
 import os
@@ -79,12 +80,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-def join_process_group(on_cluster: bool) -> Any:
+def join_process_group(on_cluster: bool, timeout_s: float | None) -> Any:
     """Who initialises the torch process group, decided in one place.
 
     On a cluster det.pytorch.init() does it (_trainer.py:282-296: it ignores `distributed=`), so
     joining here would initialise the default group twice. Locally, torchrun sets WORLD_SIZE and
-    nothing else joins: we do (gloo on CPU) and hand init() the DistributedContext.
+    nothing else joins: we do (gloo on CPU) and hand init() the DistributedContext. Either way
+    collectives give up after `timeout_s` (config.collective_timeout_s) instead of torch's 30 min.
     """
     if on_cluster or int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return None
@@ -93,7 +95,8 @@ def join_process_group(on_cluster: bool) -> Any:
     from determined import core
 
     os.environ.setdefault("USE_TORCH_DISTRIBUTED", "1")  # Determined's switch for torch DDP
-    dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
+    timeout = {} if timeout_s is None else {"timeout": datetime.timedelta(seconds=timeout_s)}
+    dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo", **timeout)
     return core.DistributedContext.from_torch_distributed()
 
 
@@ -216,13 +219,13 @@ def run(args: argparse.Namespace, trial_class: type | None = None) -> dict[str, 
     import model_def
 
     info = det_internals.cluster_trial()
-    distributed = join_process_group(on_cluster=info is not None)
     if info is not None:
         source = from_cluster(info)
-    else:
-        source = from_command_line(args, distributed.size if distributed else 1)
+    else:  # torchrun's WORLD_SIZE is the slot count of a local run
+        source = from_command_line(args, int(os.environ.get("WORLD_SIZE", "1")))
     # Check everything before any long work; a bad config ends here with a clear message.
     plan = config.run_plan(source.exp_conf, source.hparams, source.slots)
+    distributed = join_process_group(source.on_cluster, plan.collective_timeout_s)
     if not source.on_cluster:
         os.chdir(ROOT)
         seed_everything(plan.seed)
@@ -234,7 +237,10 @@ def run(args: argparse.Namespace, trial_class: type | None = None) -> dict[str, 
             )
     compat.allow_determined_checkpoints()
 
-    with pytorch.init(**plan.init_kwargs(source.exp_conf), distributed=distributed) as context:
+    with (
+        det_internals.collective_timeout(plan.collective_timeout_s),
+        pytorch.init(**plan.init_kwargs(source.exp_conf), distributed=distributed) as context,
+    ):
         trial = (trial_class or model_def.SquadTrial)(context)
         trainer = pytorch.Trainer(trial, context)
         # A cluster's controller starts at the master's steps_completed; locally we pass ours.

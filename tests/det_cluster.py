@@ -135,12 +135,13 @@ class Allocation:
     containers: list[subprocess.Popen] = field(default_factory=list)
     preempt: bool = False
     acked: bool = False
+    ended: float | None = None  # time.monotonic() when its last container exited
 
 
 class Master:
     """The master's trial-facing REST API on loopback, for one experiment with one trial."""
 
-    def __init__(self, context_dir: Path = ROOT) -> None:
+    def __init__(self, context_dir: Path = ROOT, host: str = "127.0.0.1", netns: str | None = None) -> None:
         self.context_b64 = context_tgz(context_dir)
         self.experiment_id, self.trial_id = 1, 1
         self.trial_state = bindings.trialv1State.RUNNING
@@ -194,9 +195,15 @@ class Master:
             def do_PATCH(self) -> None:
                 self._dispatch("PATCH")
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        if netns is None:
+            self.server = ThreadingHTTPServer((host, 0), Handler)
+        else:  # the listening socket lives in that namespace, whichever thread serves it
+            import det_netns
+
+            self.server = det_netns.call_in(netns, lambda: ThreadingHTTPServer((host, 0), Handler))
         self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.host = host
+        self.url = f"http://{host}:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def close(self) -> None:
@@ -336,8 +343,18 @@ class TrialRun:
 class Cluster:
     """Runs trials of one experiment config on emulated containers against a stand-in master."""
 
-    def __init__(self, master: Master, storage: Path, workdir: Path, env: dict[str, str] | None = None):
+    def __init__(
+        self,
+        master: Master,
+        storage: Path,
+        workdir: Path,
+        env: dict[str, str] | None = None,
+        machines: list[tuple[str, str]] | None = None,
+    ):
         self.master = master
+        # (network namespace, address) per container rank: separate hosts (tests/det_netns.py);
+        # None: every container on this host's loopback.
+        self.machines = machines
         self.storage = storage  # shared_fs host_path
         self.workdir = workdir
         self.extra_env = env or {}
@@ -377,15 +394,15 @@ class Cluster:
         latest = self.master.checkpoints[-1] if self.master.checkpoints else None
         env = {
             "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}",
-            "HOME": str(self.workdir),
+            "HOME": str(self.workdir / f"home-{rank}"),  # each machine its own home
             "LANG": "C.UTF-8",
             "HF_HUB_OFFLINE": "1",
             "TOKENIZERS_PARALLELISM": "false",
             "OMP_NUM_THREADS": "1",
             # agent/internal/containers/spec.go
             "DET_MASTER": self.master.url,
-            "DET_MASTER_HOST": "127.0.0.1",
-            "DET_MASTER_ADDR": "127.0.0.1",
+            "DET_MASTER_HOST": self.master.host,
+            "DET_MASTER_ADDR": self.master.host,
             "DET_MASTER_PORT": self.master.url.rsplit(":", 1)[1],
             "DET_CLUSTER_ID": "emulated-cluster",
             "DET_MASTER_ID": "emulated-master",
@@ -423,6 +440,11 @@ class Cluster:
         env.update(self.extra_env)
         return env
 
+    def host_tmp_entry(self) -> Path | None:
+        """The top-level /tmp entry that holds this cluster's files (pytest's tmp root), if any."""
+        parts = self.workdir.resolve().parts
+        return Path("/tmp", parts[2]) if len(parts) > 2 and parts[1] == "tmp" else None
+
     def start(
         self, conf: dict, hparams: dict, containers: int = 1, slots_per_container: int = 1
     ) -> Allocation:
@@ -430,7 +452,9 @@ class Cluster:
         alloc = Allocation(id=f"alloc-{uuid.uuid4().hex[:8]}")
         self.master.allocations[alloc.id] = alloc
         self.c10d_port = free_port()
-        addrs = ["127.0.0.1"] * containers
+        if self.machines is not None:
+            assert len(self.machines) >= containers, "one machine per container"
+        addrs = [m[1] for m in self.machines[:containers]] if self.machines else ["127.0.0.1"] * containers
         for rank in range(containers):
             self.master.rendezvous[(alloc.id, f"{alloc.id}-c{rank}")] = bindings.v1RendezvousInfo(
                 addresses=addrs, rank=rank, slots=[slots_per_container] * containers
@@ -438,18 +462,29 @@ class Cluster:
         for rank in range(containers):
             slots = list(range(slots_per_container))
             env = self._env(conf, hparams, alloc, rank, slots)
+            # A container's /tmp is its own (Determined's pid_server socket lives there, named by
+            # the allocation); the test's own files under /tmp are bound back in.
+            keep = self.host_tmp_entry()
+            bind_back = (
+                f"mkdir -p {keep}; mount --bind /run/determined/.hosttmp/{keep.name} {keep}; " if keep else ""
+            )
             script = (
                 "set -e; mkdir -p /run/determined /determined_shared_fs; "
                 "mount -t tmpfs tmpfs /run/determined; "
                 f"mount --bind {self.storage} /determined_shared_fs; "
-                "mkdir -p /run/determined/info /run/determined/workdir; cd /run/determined/workdir; "
+                "mkdir -p /run/determined/.hosttmp; mount --bind /tmp /run/determined/.hosttmp; "
+                "mount -t tmpfs tmpfs /tmp; "
+                + bind_back
+                + "mkdir -p /run/determined/info /run/determined/workdir; cd /run/determined/workdir; "
                 "python3 -m determined.exec.prep_container --download_context_directory --resources --proxy; "
                 "python3 -m determined.exec.prep_container --rendezvous; "
                 "exec python3 -m determined.exec.launch"
             )
             log = open(self.workdir / f"{alloc.id}-c{rank}.log", "w")
+            (self.workdir / f"home-{rank}").mkdir(exist_ok=True)
+            host = ["ip", "netns", "exec", self.machines[rank][0]] if self.machines else []
             proc = subprocess.Popen(
-                ["unshare", "-m", "--propagation", "private", "sh", "-c", script],
+                [*host, "unshare", "-m", "--propagation", "private", "sh", "-c", script],
                 env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -459,15 +494,22 @@ class Cluster:
         return alloc
 
     def wait(self, alloc: Allocation, timeout: float) -> list[int]:
+        """Exit codes of every container. As the master does, when one container of an allocation
+        fails, the others are killed rather than left to their own (long) timeouts."""
         deadline = time.monotonic() + timeout
-        codes = []
-        for proc in alloc.containers:
-            try:
-                codes.append(proc.wait(timeout=max(1.0, deadline - time.monotonic())))
-            except subprocess.TimeoutExpired:
+        while time.monotonic() < deadline:
+            codes = [proc.poll() for proc in alloc.containers]
+            if all(code is not None for code in codes):
+                return [int(code) for code in codes]  # type: ignore[arg-type]
+            if any(code not in (None, 0) for code in codes):
                 self.kill(alloc)
-                codes.append(proc.wait())
-        return codes
+                return [
+                    proc.wait() if code is None else int(code)  # killed: -9
+                    for proc, code in zip(alloc.containers, codes, strict=True)
+                ]
+            time.sleep(0.2)
+        self.kill(alloc)
+        return [proc.wait() for proc in alloc.containers]
 
     def kill(self, alloc: Allocation) -> None:
         for proc in alloc.containers:
@@ -488,6 +530,7 @@ class Cluster:
         slots_per_container: int = 1,
         timeout: float = 300,
         during: Callable[[Allocation], None] | None = None,
+        after: Callable[[Allocation, list[int]], None] | None = None,
     ) -> TrialRun:
         """Allocations until the trial completes: a preempted run is started again (a pause and
         activate), a failed one restarted from its latest checkpoint while max_restarts allows."""
@@ -501,6 +544,9 @@ class Cluster:
                 during(alloc)
                 during = None  # a fault or preemption is injected into the first allocation only
             codes = self.wait(alloc, deadline - time.monotonic())
+            alloc.ended = time.monotonic()
+            if after is not None:
+                after(alloc, codes)
             record.logs.append(self.log(alloc))
             code = next((c for c in codes if c != 0), 0)
             record.exit_codes.append(code)
@@ -540,9 +586,16 @@ def rank_pids(alloc: Allocation, rank: int) -> list[int]:
 
 
 @contextlib.contextmanager
-def emulated_cluster(tmp: Path, env: dict[str, str] | None = None) -> Iterator[Cluster]:
-    master = Master()
+def emulated_cluster(tmp: Path, env: dict[str, str] | None = None, network: Any = None) -> Iterator[Cluster]:
+    """A stand-in master and its agents; with `network` (tests/det_netns.py) each container runs
+    on its own host and the master listens on a host of its own."""
+    if network is None:
+        master = Master()
+        machines = None
+    else:
+        master = Master(host=network.master[1], netns=network.master[0])
+        machines = network.machines
     try:
-        yield Cluster(master, tmp / "shared_fs", tmp / "agent", env)
+        yield Cluster(master, tmp / "shared_fs", tmp / "agent", env, machines)
     finally:
         master.close()
