@@ -239,6 +239,7 @@ class Master:
                 "steps_completed": req.metrics.stepsCompleted,
                 "metrics": dict(req.metrics.metrics.avgMetrics or {}),
                 "trial_run_id": req.metrics.trialRunId,
+                "time": time.time(),  # when the master received it, as it stores end_time
             }
             if self.on_report is not None:
                 self.on_report(report)
