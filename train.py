@@ -34,6 +34,15 @@ import det_internals
 ROOT = Path(__file__).resolve().parent
 
 
+# How gloo and NCCL report a peer that is gone: a timed-out or broken collective.
+PEER_LOST = (
+    "Timed out waiting",
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "collective operation timeout",
+)
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Fine-tune BERT on SQuAD with Determined.")
     parser.add_argument("--config", type=Path, default=ROOT / "local.yaml", help="experiment YAML")
@@ -293,6 +302,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (config.ConfigError, data.DataError, det_internals.VersionError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except RuntimeError as err:
+        if not any(sign in str(err) for sign in PEER_LOST):
+            raise
+        print(
+            f"error: a peer process stopped answering during a collective ({str(err).splitlines()[0]}). "
+            f"A machine left the network or crashed; this rank gives up after "
+            f"{config.TIMEOUT_VARIABLE} (torch's default: 30 min) so the run ends and max_restarts "
+            "resumes it from the latest checkpoint.",
+            file=sys.stderr,
+        )
+        return 3
     if result is not None:
         print(json.dumps(result), flush=True)
     return 0

@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -112,6 +113,45 @@ def model_rate(r: float, agg: int, link: str, grad_bytes: float, n: int = 2) -> 
     return n * agg * PER_SLOT_BATCH / (agg * t_batch + t_comm)
 
 
+def plot_links(report: dict[str, Any], path: Path) -> None:
+    """Per-slot efficiency against link rate, measured and modelled, one colour per aggregation
+    (replaces scaling.py's speedup-vs-slots plot, which cannot show the link)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    rows = [r for r in report["runs"] if r.get("model_samples_per_s")]
+    base = {r["aggregation"]: r["samples_per_s"] for r in report["runs"] if r["slots"] == 1}
+    for i, agg in enumerate(sorted({r["aggregation"] for r in rows})):
+        for fp16, marker in ((False, "o"), (True, "s")):
+            pts = sorted(
+                (det_netns.LINKS[r["name"].split()[1]][0] / 1e9, r["efficiency"], r["model_samples_per_s"])
+                for r in rows
+                if r["aggregation"] == agg and r["name"].endswith("fp16") == fp16
+            )
+            if not pts:
+                continue
+            label = f"agg {agg}" + (" fp16" if fp16 else "")
+            color = f"C{i}"
+            ax.plot(
+                [p[0] for p in pts], [p[1] for p in pts], marker + "-", color=color, label=label + " measured"
+            )
+            ax.plot([p[0] for p in pts], [p[2] / base[agg] / 2 for p in pts], marker, color=color,
+                    mfc="none", ls=":", label=label + " model")  # fmt: skip
+    ax.set_xscale("log")
+    ax.set_xlabel("link rate (Gbit/s)")
+    ax.set_ylabel("per-slot efficiency (speedup / 2)")
+    ax.set_title("2 machines x 1 slot vs 1 x 1, MiniLM (22.6 M parameters)")
+    ax.set_ylim(0, 1.05)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--links", default="10gbit,1gbit,100mbit")
@@ -170,6 +210,7 @@ def main() -> int:
     )
     report["wall_minutes"] = round((time.time() - started) / 60, 1)
     scaling.write_report(report, args.out)
+    plot_links(report, args.out / "report.png")
     print(json.dumps({"runs": [{k: r.get(k) for k in ("name", "samples_per_s", "speedup", "efficiency",
                                                        "model_samples_per_s", "measured_over_model")}
                                for r in report["runs"]],

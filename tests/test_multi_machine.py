@@ -104,7 +104,7 @@ def test_cut_link_fails_in_bounded_time_and_the_restart_matches(two_machines, tm
     # The run ended on its own, within the configured collective timeout plus teardown.
     assert cut_at["ended"] - cut_at["t"] < TIMEOUT_S + 60
     assert record.exit_codes[0] != 0 and record.exit_codes[-1] == 0 and len(record.exit_codes) == 2
-    assert re.search(r"[Tt]imed out|[Cc]onnection (closed|reset)", record.logs[0]), record.logs[0][-3000:]
+    assert "error: a peer process stopped answering during a collective" in record.logs[0]
     # The restart resumed from the step-6 checkpoint and ended equal to the uninterrupted run.
     second = [r for r in cluster.master.metrics if r["trial_run_id"] == 2 and r["group"] == "training"]
     assert second[0]["steps_completed"] == 8
