@@ -441,10 +441,16 @@ class Cluster:
         env.update(self.extra_env)
         return env
 
-    def host_tmp_entry(self) -> Path | None:
-        """The top-level /tmp entry that holds this cluster's files (pytest's tmp root), if any."""
-        parts = self.workdir.resolve().parts
-        return Path("/tmp", parts[2]) if len(parts) > 2 and parts[1] == "tmp" else None
+    def host_tmp_entries(self) -> list[Path]:
+        """The top-level /tmp entries a container still needs to see: this cluster's files
+        (pytest's tmp root), the Python environment and the project, where they lie under /tmp
+        (a CI clone may)."""
+        keep = set()
+        for path in (self.workdir, Path(sys.prefix), ROOT):
+            parts = path.resolve().parts
+            if len(parts) > 2 and parts[1] == "tmp":
+                keep.add(Path("/tmp", parts[2]))
+        return sorted(keep)
 
     def start(
         self, conf: dict, hparams: dict, containers: int = 1, slots_per_container: int = 1
@@ -464,10 +470,10 @@ class Cluster:
             slots = list(range(slots_per_container))
             env = self._env(conf, hparams, alloc, rank, slots)
             # A container's /tmp is its own (Determined's pid_server socket lives there, named by
-            # the allocation); the test's own files under /tmp are bound back in.
-            keep = self.host_tmp_entry()
-            bind_back = (
-                f"mkdir -p {keep}; mount --bind /run/determined/.hosttmp/{keep.name} {keep}; " if keep else ""
+            # the allocation); what the run needs from the host's /tmp is bound back in.
+            bind_back = "".join(
+                f"mkdir -p {keep}; mount --bind /run/determined/.hosttmp/{keep.name} {keep}; "
+                for keep in self.host_tmp_entries()
             )
             script = (
                 "set -e; mkdir -p /run/determined /determined_shared_fs; "
