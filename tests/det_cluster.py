@@ -306,19 +306,6 @@ class Master:
 
     # ---- what a test asks of the master --------------------------------------------------
 
-    def wait_for(self, pred: Callable[[], bool], timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        with self.cond:
-            while not pred():
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self.cond.wait(timeout=min(left, 1.0))
-        return True
-
-    def trained_to(self, steps: int) -> Callable[[], bool]:
-        return lambda: any(r["group"] == "training" and r["steps_completed"] >= steps for r in self.metrics)
-
     def preempt(self) -> None:
         with self.cond:
             for alloc in self.allocations.values():

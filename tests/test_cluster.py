@@ -76,6 +76,17 @@ def assert_same(a: dict[str, Any], b: dict[str, Any]) -> None:
         assert a[key] == pytest.approx(b[key], abs=1e-6), key
 
 
+def assert_equals_one_process_evaluation(cluster: Any, tmp: Path) -> None:
+    """The trial's last validation scores what predict.py + squad_metric.py, one process,
+    score on the same checkpoint."""
+    ckpt = cluster.storage / cluster.master.checkpoints[-1].uuid
+    preds = tmp / "preds.json"
+    run_cli(["predict.py", "--checkpoint", str(ckpt), "--squad", str(DEV_V1), "--out", str(preds)])
+    single = run_cli(["squad_metric.py", str(DEV_V1), str(preds)])
+    val = cluster.master.validations()[-1]["metrics"]
+    assert single["exact_match"] == val["exact_match"] and single["f1"] == val["f1"]
+
+
 def trial_run(tmp: Path, conf: dict, hp: dict, slots: int = 1, **kw: Any) -> tuple[Any, Any]:
     with det_cluster.emulated_cluster(tmp) as cluster:
         if "on_report" in kw:
@@ -185,13 +196,8 @@ def two_slots(tiny_bert: Path, tmp_path_factory: pytest.TempPathFactory) -> tupl
 
 @needs_containers
 def test_two_slots_equal_a_one_process_evaluation_of_the_checkpoint(two_slots) -> None:
-    tmp, conf, _, cluster = two_slots
-    ckpt = cluster.storage / cluster.master.checkpoints[-1].uuid
-    preds = tmp / "preds.json"
-    run_cli(["predict.py", "--checkpoint", str(ckpt), "--squad", str(DEV_V1), "--out", str(preds)])
-    single = run_cli(["squad_metric.py", str(DEV_V1), str(preds)])
-    val = cluster.master.validations()[-1]["metrics"]
-    assert single["exact_match"] == val["exact_match"] and single["f1"] == val["f1"]
+    tmp, _, _, cluster = two_slots
+    assert_equals_one_process_evaluation(cluster, tmp)
 
 
 @needs_containers

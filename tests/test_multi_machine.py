@@ -9,8 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import DEV_V1, run_cli
-from test_cluster import assert_same, final, shaped_like
+from test_cluster import assert_equals_one_process_evaluation, assert_same, final, shaped_like
 
 det_cluster = pytest.importorskip("det_cluster")
 det_netns = pytest.importorskip("det_netns")
@@ -53,12 +52,7 @@ def two_machines(
 
 def test_two_machines_train_and_equal_a_one_process_evaluation(two_machines) -> None:
     tmp, _, _, cluster, _ = two_machines
-    ckpt = cluster.storage / cluster.master.checkpoints[-1].uuid
-    preds = tmp / "preds.json"
-    run_cli(["predict.py", "--checkpoint", str(ckpt), "--squad", str(DEV_V1), "--out", str(preds)])
-    single = run_cli(["squad_metric.py", str(DEV_V1), str(preds)])
-    val = cluster.master.validations()[-1]["metrics"]
-    assert single["exact_match"] == val["exact_match"] and single["f1"] == val["f1"]
+    assert_equals_one_process_evaluation(cluster, tmp)
 
 
 def test_each_machine_builds_its_own_cache_and_gets_the_same_settings(two_machines) -> None:
