@@ -35,6 +35,7 @@ HPARAM_DEFAULTS: dict[str, Any] = {
     "pad_to_multiple_of": 8,
     "attn_implementation": "sdpa",
     "torch_compile": False,
+    "tf32": True,  # CUDA: fp32 matmuls on tensor cores (TF32 inputs, fp32 accumulate)
 }
 DATA_DEFAULTS: dict[str, Any] = {
     "pretrained_model": "bert-base-uncased",
@@ -344,6 +345,9 @@ def run_plan(conf: dict[str, Any], hparams: dict[str, Any], slots: int) -> RunPl
         raise ConfigError(
             f"hyperparameters.precision: {hp['precision']!r} is not one of {', '.join(PRECISIONS)}."
         )
+    for key in ("group_by_length", "torch_compile", "tf32"):
+        if not isinstance(hp[key], bool):
+            raise ConfigError(f"hyperparameters.{key}: expected true or false, got {hp[key]!r}.")
     gbs = hp["global_batch_size"]
     if not isinstance(gbs, int) or gbs < 1:
         raise ConfigError(f"hyperparameters.global_batch_size: expected a positive integer, got {gbs!r}.")

@@ -8,12 +8,13 @@ Two comparisons, each on identical inputs:
 1. Harness overhead. (a) the trial through Determined's local Trainer (train.py's own `run`,
    timed by the trial's RunLog), and (b) a bare PyTorch loop doing what `train_batch` does with
    the same model, optimizer, schedule and the *same batches* (the trial's sampler, epoch 0, its
-   seed). Run twice each, interleaved; harness_overhead = trial / bare (sequences/s). The last
+   seed). Run --repeats times each, interleaved; harness_overhead = trial / bare (sequences/s),
+   best run of each (the first pays one-time costs: CUDA context, torch.compile). The last
    losses are printed: equal losses show the two loops saw the same batches.
 2. The fast path, switch by switch, over the same windows (a fixed random sample of the training
    set): the standard recipe (every window padded to max_seq_length, random batches, eager
    attention, plain AdamW, fp32), then + length-grouped batches with dynamic padding, + SDPA
-   attention, + fused AdamW (CUDA), + bf16/fp16 autocast (--precision), + torch.compile
+   attention, + fused AdamW (CUDA), + TF32 matmuls (CUDA), + bf16/fp16 autocast (--precision), + torch.compile
    (--compile). The last rung before compile is the fast path (the trial's default settings);
    dynamic_padding_speedup = fast path / standard recipe.
 
@@ -80,6 +81,7 @@ class Rung:
     optimizer: str  # "plain" torch AdamW, or "trial" = model_def.build_optimizer (fused on CUDA)
     precision: str
     compile: bool = False
+    tf32: bool = False  # CUDA only: the trial's default (hyperparameters.tf32)
 
 
 def peak_tflops(device: torch.device) -> float | None:
@@ -129,6 +131,8 @@ class Loop:
 
         hf_logging.set_verbosity_error()
         train.seed_everything(SEED)  # as train.py seeds before the trial builds its model
+        if device.type == "cuda":
+            model_def.configure_cuda_math(rung.tf32)
         model = AutoModelForQuestionAnswering.from_pretrained(model_path, attn_implementation=rung.attn)
         self.model = model.to(device).train()
         self.accepted = model_def.forward_params(model)
@@ -344,7 +348,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         collate = model_def.Collator(features, hp["group_by_length"], hp["pad_to_multiple_of"], labels=True)
         trial_batches = [collate(ix.tolist()) for ix in sampler.batches(0)[: args.batches]]
-        fast = Rung("fast", False, hp["attn_implementation"], "trial", args.precision, args.compile)
+        attn = hp["attn_implementation"]
+        fast = Rung("fast", False, attn, "trial", args.precision, args.compile, hp["tf32"])
         print(
             f"harness: {args.batches} batches of {args.batch_size}, trial (Determined local Trainer) "
             "vs bare loop, same batches",
@@ -366,15 +371,17 @@ def main(argv: list[str] | None = None) -> int:
             trial_s.append(out["train_seconds"])
             losses["trial"] = out["last_train_loss"]
             print(f"  run {r + 1}: bare {seconds:.2f} s, trial {out['train_seconds']:.2f} s", flush=True)
+        # Best of N: the first run pays one-time costs that belong to neither loop (CUDA context
+        # and library handles, torch.compile's graphs -- 167 s of a 169 s first run on an H100).
         bare = record(
             "bare loop (trial's batches and settings)",
-            float(np.mean(bare_s)),
+            min(bare_s),
             trial_batches,
             {"runs_seconds": [round(s, 3) for s in bare_s], "last_loss": losses["bare"]},
         )
         trial = record(
             "trial via Determined local Trainer",
-            float(np.mean(trial_s)),
+            min(trial_s),
             trial_batches,
             {"runs_seconds": [round(s, 3) for s in trial_s], "last_loss": losses["trial"]},
         )
@@ -395,12 +402,16 @@ def main(argv: list[str] | None = None) -> int:
         Rung("+ length-grouped dynamic padding", False, "eager", "plain", "fp32"),
         Rung("+ SDPA attention", False, "sdpa", "plain", "fp32"),
     ]
+    tf32 = device.type == "cuda" and hp["tf32"]
     if device.type == "cuda":
         ladder.append(Rung("+ fused AdamW", False, "sdpa", "trial", "fp32"))
+    if tf32:
+        ladder.append(Rung("+ TF32 matmuls", False, "sdpa", "trial", "fp32", False, True))
     if args.precision != "fp32":
-        ladder.append(Rung(f"+ {args.precision} autocast", False, "sdpa", "trial", args.precision))
+        autocast = Rung(f"+ {args.precision} autocast", False, "sdpa", "trial", args.precision, False, tf32)
+        ladder.append(autocast)
     if args.compile:
-        ladder.append(Rung("+ torch.compile", False, "sdpa", "trial", args.precision, True))
+        ladder.append(Rung("+ torch.compile", False, "sdpa", "trial", args.precision, True, tf32))
     print(
         f"fast path ladder: the same {n} windows ({args.warmup} warm-up + {args.batches} timed batches "
         f"of {args.batch_size}), mean {features.lengths[sample].mean():.0f} tokens, "

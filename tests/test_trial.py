@@ -128,6 +128,7 @@ BAD = {
     "missing-file": ({"data.train_file": "/nope/train.json"}, "/nope/train.json: no such file"),
     "version-mismatch": ({"data.train_file": str(DEV_V2)}, "set data.squad_version: 2.0"),
     "length": ({"hyperparameters.train_length": {"records": 5}}, "hyperparameters.train_length"),
+    "tf32": ({"hyperparameters.tf32": "yes"}, "hyperparameters.tf32: expected true or false"),
 }
 
 
@@ -162,6 +163,25 @@ def test_batch_not_divisible_by_slots() -> None:
     with pytest.raises(config.ConfigError, match="not divisible by the 8 slots"):
         config.run_plan(conf, hp, slots=8)
     assert config.run_plan(conf, hp, slots=4).hparams["global_batch_size"] == 12
+
+
+def test_cuda_math_settings() -> None:
+    """TF32 follows hyperparameters.tf32; cuDNN attention stays off (per-width plans, docs/gpu.md)."""
+    import model_def
+
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cuda.cudnn_sdp_enabled())
+    try:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+        model_def.configure_cuda_math(tf32=True)
+        assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        model_def.configure_cuda_math(tf32=False)
+        assert not torch.backends.cuda.matmul.allow_tf32
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved[0]
+        torch.backends.cuda.enable_cudnn_sdp(saved[1])
+    conf = {"data": {"train_file": "a", "validation_file": "b"}}
+    assert config.run_plan(conf, {"train_length": {"epochs": 1}}, slots=1).hparams["tf32"] is True
 
 
 def test_one_function_maps_config_to_init_and_fit() -> None:
