@@ -325,6 +325,11 @@ def collective_timeout(conf: dict[str, Any]) -> float | None:
     return seconds
 
 
+def eval_batch_size(data_cfg: dict[str, Any], per_slot_batch_size: int) -> int:
+    """Windows per evaluation batch per slot: data.eval_batch_size, else twice the training batch."""
+    return data_cfg["eval_batch_size"] or 2 * per_slot_batch_size
+
+
 def run_plan(conf: dict[str, Any], hparams: dict[str, Any], slots: int) -> RunPlan:
     """Check a config and turn it into a RunPlan. Raises ConfigError naming the field."""
     unknown = set(hparams) - set(HPARAM_DEFAULTS) - {"train_length"}

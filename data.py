@@ -105,6 +105,19 @@ def resolve_source(source: str | os.PathLike, download_dir: Path | None = None) 
     return dest
 
 
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write via a temporary file in the same directory and rename: never a half-written file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(text)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
 def _download(url: str, dest: Path, expected_sha256: str | None) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.")

@@ -7,12 +7,9 @@ work (windows, cache, answer extraction) lives in data.py and scoring in squad_m
 from __future__ import annotations
 
 import contextlib
-import inspect
-import json
 import logging
 import math
 import time
-from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,127 +21,11 @@ from determined import pytorch
 import config
 import data
 import det_internals
+import modeling
 import squad_metric
+from modeling import Collator, FeatureBatchSampler, FeatureDataset, model_inputs
 
 logger = logging.getLogger("squad")
-
-# Written next to hf/ in every checkpoint: what predict.py needs to window and extract like
-# evaluation did.
-QA_SETTINGS = "qa_settings.json"
-
-
-# --------------------------------------------------------------------------------------------
-# Batches: length-grouped (dynamic padding) and resumable.
-# --------------------------------------------------------------------------------------------
-
-
-class FeatureBatchSampler(torch.utils.data.Sampler):
-    """Per-slot batches of feature indices, a pure function of (seed, epoch).
-
-    Determined wraps this in its repeat / shard / skip samplers: consecutive batches go to
-    consecutive ranks, and a resumed run replays the same epochs and skips what was trained. With
-    `group_by_length`, indices are shuffled, sorted by length inside chunks of ~50 global batches,
-    cut into batches, and the global batches (one per rank) shuffled again: ranks get windows of
-    similar length (no one waits on a long batch) and padding per batch stays small.
-    """
-
-    def __init__(
-        self,
-        lengths: np.ndarray,
-        batch_size: int,
-        *,
-        shuffle: bool,
-        group_by_length: bool,
-        seed: int,
-        ranks: int = 1,
-    ) -> None:
-        self.lengths = np.asarray(lengths)
-        self.batch_size = batch_size
-        self.shuffle = shuffle
-        self.group_by_length = group_by_length
-        self.seed = seed
-        self.ranks = ranks
-        self.epoch = 0
-
-    def __len__(self) -> int:
-        return math.ceil(len(self.lengths) / self.batch_size)
-
-    def batches(self, epoch: int) -> list[np.ndarray]:
-        n = len(self.lengths)
-        rng = np.random.default_rng([self.seed, epoch])
-        order = rng.permutation(n) if self.shuffle else np.arange(n)
-        if self.group_by_length:
-            chunk = self.batch_size * self.ranks * 50
-            for lo in range(0, n, chunk):
-                part = order[lo : lo + chunk]
-                order[lo : lo + chunk] = part[np.argsort(-self.lengths[part], kind="stable")]
-        batches = [order[i : i + self.batch_size] for i in range(0, n, self.batch_size)]
-        if self.group_by_length and self.shuffle:
-            group = self.ranks  # keep each global batch's per-rank batches together
-            groups = [batches[i : i + group] for i in range(0, len(batches), group)]
-            groups = [groups[i] for i in rng.permutation(len(groups))]
-            batches = [b for g in groups for b in g]
-        return batches
-
-    def __iter__(self) -> Iterator[list[int]]:
-        epoch, self.epoch = self.epoch, self.epoch + 1
-        for batch in self.batches(epoch):
-            yield batch.tolist()
-
-
-class FeatureDataset(torch.utils.data.Dataset):
-    """Indices only: the collator slices the (memory-mapped) feature arrays per batch."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> int:
-        return i
-
-
-class Collator:
-    """Pad a batch to its longest window (rounded up to a multiple), or to max length."""
-
-    def __init__(self, features: data.Features, dynamic: bool, multiple: int, labels: bool) -> None:
-        self.f = features
-        self.dynamic = dynamic
-        self.multiple = max(1, multiple)
-        self.labels = labels
-
-    def __call__(self, indices: Sequence[int]) -> dict[str, torch.Tensor]:
-        idx = np.sort(np.asarray(indices))  # sorted reads are kinder to a memory map
-        f, L = self.f, self.f.input_ids.shape[1]
-        lengths = np.asarray(f.lengths[idx])
-        width = L
-        if self.dynamic:
-            width = min(L, -(-int(lengths.max()) // self.multiple) * self.multiple)
-        batch = {
-            "input_ids": torch.from_numpy(np.asarray(f.input_ids[idx, :width], dtype=np.int64)),
-            "attention_mask": torch.from_numpy(
-                (np.arange(width)[None, :] < lengths[:, None]).astype(np.int64)
-            ),
-            "feature_index": torch.from_numpy(idx.astype(np.int64)),
-        }
-        if f.token_type_ids is not None:
-            batch["token_type_ids"] = torch.from_numpy(
-                np.asarray(f.token_type_ids[idx, :width], dtype=np.int64)
-            )
-        if self.labels:
-            batch["start_positions"] = torch.from_numpy(f.start_positions[idx].astype(np.int64))
-            batch["end_positions"] = torch.from_numpy(f.end_positions[idx].astype(np.int64))
-        return batch
-
-
-def forward_params(model: torch.nn.Module) -> frozenset[str]:
-    """What the model's forward takes (DistilBERT-like models take no token_type_ids)."""
-    return frozenset(inspect.signature(model.forward).parameters)
-
-
-def model_inputs(batch: dict[str, torch.Tensor], accepted: frozenset[str]) -> dict[str, torch.Tensor]:
-    return {k: v for k, v in batch.items() if k in accepted and k != "feature_index"}
 
 
 # --------------------------------------------------------------------------------------------
@@ -170,45 +51,13 @@ class SquadEvaluator(pytorch.MetricReducer):
         if not self.trial.context.distributed.rank == 0:
             return {}  # only the chief reports; the other ranks skip the extraction
         parts = [p for slot in per_slot for p in slot]
-        start, end = assemble_logits(parts, self.trial.val_features)
+        start, end = modeling.assemble_logits(parts, self.trial.val_features)
         return self.trial.score_logits(start, end)
-
-
-def assemble_logits(
-    parts: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], features: data.Features
-) -> tuple[np.ndarray, np.ndarray]:
-    """[F, L] start/end logits in feature order from (index, start, end) batch parts."""
-    F, L = features.input_ids.shape
-    start = np.full((F, L), -np.inf, dtype=np.float32)
-    end = np.full((F, L), -np.inf, dtype=np.float32)
-    seen = np.zeros(F, dtype=np.int64)
-    for index, s, e in parts:
-        start[index, : s.shape[1]] = s
-        end[index, : e.shape[1]] = e
-        np.add.at(seen, index, 1)
-    if not (seen == 1).all():
-        raise RuntimeError(
-            f"distributed evaluation scored {int((seen == 0).sum())} windows zero times and "
-            f"{int((seen > 1).sum())} more than once; every window must be scored once."
-        )
-    return start, end
 
 
 # --------------------------------------------------------------------------------------------
 # Optimizers and schedule.
 # --------------------------------------------------------------------------------------------
-
-
-def configure_cuda_math(tf32: bool) -> None:
-    """Process-wide CUDA kernel choices for training (measured on an H100: docs/gpu.md)."""
-    # TF32 tensor-core matmuls for fp32 weights and activations: 2.6x the fp32 rate on an H100.
-    torch.backends.cuda.matmul.allow_tf32 = tf32
-    torch.backends.cudnn.allow_tf32 = tf32
-    # cuDNN's fused attention (picked first for bf16/fp16) builds a graph for every new sequence
-    # width; dynamic padding makes up to max_seq_length / pad_to_multiple_of widths, each costing
-    # ~0.5 s the first time (bf16 ran at 106 seq/s vs 1318 with it off). The flash and
-    # memory-efficient kernels need no per-shape plan and are as fast once warm.
-    torch.backends.cuda.enable_cudnn_sdp(False)
 
 
 def build_optimizer(model: torch.nn.Module, hp: dict[str, Any], device: torch.device) -> Any:
@@ -301,7 +150,7 @@ class SquadTrial(pytorch.PyTorchTrial):
         from transformers import AutoModelForQuestionAnswering
 
         if device.type == "cuda":
-            configure_cuda_math(hp["tf32"])
+            modeling.configure_cuda_math(hp["tf32"])
 
         try:
             model = AutoModelForQuestionAnswering.from_pretrained(
@@ -311,11 +160,11 @@ class SquadTrial(pytorch.PyTorchTrial):
             raise config.ConfigError(
                 f"data.pretrained_model {model_name!r}: cannot load ({str(err).splitlines()[0]})"
             ) from None
-        self.autocast_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(hp["precision"])
+        self.autocast_dtype = modeling.autocast_dtype(hp["precision"])
         self.scaler = None
         if hp["precision"] == "fp16":
             self.scaler = context.wrap_scaler(torch.amp.GradScaler("cuda"))
-        self.accepted = forward_params(model)
+        self.accepted = modeling.forward_params(model)
         self.model = context.wrap_model(model)
         if hp["torch_compile"]:
             self.model = torch.compile(self.model)
@@ -373,17 +222,12 @@ class SquadTrial(pytorch.PyTorchTrial):
         )
 
     def eval_batch_size(self) -> int:
-        return self.cfg["eval_batch_size"] or 2 * self.context.get_per_slot_batch_size()
+        return config.eval_batch_size(self.cfg, self.context.get_per_slot_batch_size())
 
     def build_validation_data_loader(self) -> pytorch.DataLoader:
-        sampler = FeatureBatchSampler(
-            self.val_features.lengths,
-            self.eval_batch_size(),
-            shuffle=False,
-            group_by_length=True,
-            seed=0,
+        sampler, collate = modeling.evaluation_batches(
+            self.val_features, self.eval_batch_size(), self.hp["pad_to_multiple_of"]
         )
-        collate = Collator(self.val_features, True, self.hp["pad_to_multiple_of"], labels=False)
         return pytorch.DataLoader(
             FeatureDataset(len(self.val_features)),
             batch_sampler=sampler,
@@ -402,7 +246,7 @@ class SquadTrial(pytorch.PyTorchTrial):
         no_sync() around backward only, so without this every batch still all-reduces
         (bench/aggregation.py measured it); with it, only the optimizer-step batches do.
         """
-        ddp = getattr(self.model, "_orig_mod", self.model)  # under torch.compile
+        ddp = getattr(self.model, "_orig_mod", self.model)  # under torch.compile (not unwrap: DDP wanted)
         last_of_step = (batch_idx + 1) % self.plan.aggregation_frequency == 0
         if last_of_step or not isinstance(ddp, torch.nn.parallel.DistributedDataParallel):
             return contextlib.nullcontext()
@@ -452,7 +296,7 @@ class SquadTrial(pytorch.PyTorchTrial):
 
     def build_callbacks(self) -> dict[str, pytorch.PyTorchCallback]:
         self.run_log = RunLog(self)
-        callbacks: dict[str, pytorch.PyTorchCallback] = {"run_log": self.run_log}
+        callbacks: dict[str, pytorch.PyTorchCallback] = {"hf_export": HFExport(self), "run_log": self.run_log}
         info = det_internals.cluster_trial()
         if info is not None:
             callbacks["searcher_stop"] = SearcherStop(self.context, info, self.run_log)
@@ -485,7 +329,7 @@ class SearcherStop(pytorch.PyTorchCallback):
 
 
 class RunLog(pytorch.PyTorchCallback):
-    """Exports hf/ into every checkpoint and remembers what train.py reports at the end."""
+    """Remembers what train.py reports at the end: timings, last metrics, metric series."""
 
     def __init__(self, trial: SquadTrial) -> None:
         self.trial = trial
@@ -543,30 +387,17 @@ class RunLog(pytorch.PyTorchCallback):
         self._since = time.perf_counter()
 
     def on_checkpoint_write_end(self, checkpoint_dir: str) -> None:
-        # Every checkpoint also holds hf/: save_pretrained model + tokenizer, loadable anywhere.
-        export_hf(self.trial, Path(checkpoint_dir))
         self.checkpoint = str(checkpoint_dir)
         self._since = time.perf_counter()
 
 
-def export_hf(trial: SquadTrial, checkpoint_dir: Path) -> None:
-    model = trial.model
-    model = getattr(model, "_orig_mod", model)  # torch.compile
-    model = getattr(model, "module", model)  # DDP
-    hf = checkpoint_dir / "hf"
-    model.save_pretrained(hf, safe_serialization=True)
-    trial.tokenizer.save_pretrained(hf)
-    settings = {
-        "squad_version": trial.cfg["squad_version"],
-        "max_seq_length": trial.spec.max_seq_length,
-        "doc_stride": trial.spec.doc_stride,
-        "max_query_length": trial.spec.max_query_length,
-        "n_best_size": trial.cfg["n_best_size"],
-        "max_answer_length": trial.cfg["max_answer_length"],
-        "null_score_diff_threshold": trial.cfg["null_score_diff_threshold"],
-        "pretrained_model": trial.cfg["pretrained_model"],
-        # predict.py batches like evaluation did, so its logits (and EM/F1) match exactly.
-        "eval_batch_size": trial.eval_batch_size(),
-        "pad_to_multiple_of": trial.hp["pad_to_multiple_of"],
-    }
-    (hf / QA_SETTINGS).write_text(json.dumps(settings, indent=1))
+class HFExport(pytorch.PyTorchCallback):
+    """Every checkpoint also holds hf/: save_pretrained model + tokenizer + QA settings."""
+
+    def __init__(self, trial: SquadTrial) -> None:
+        self.trial = trial
+
+    def on_checkpoint_write_end(self, checkpoint_dir: str) -> None:
+        trial = self.trial
+        settings = modeling.QASettings.from_run(trial.cfg, trial.hp, trial.eval_batch_size())
+        modeling.export_hf(trial.model, trial.tokenizer, settings, Path(checkpoint_dir))

@@ -19,11 +19,11 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 import data
+import modeling
 
 UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
@@ -36,7 +36,7 @@ def find_hf_dir(checkpoint: str) -> Path:
     if not path.is_dir():
         raise data.DataError(f"--checkpoint {checkpoint}: no such directory (or reachable UUID).")
     for candidate in (path / "hf", path):
-        if (candidate / "config.json").is_file() and (candidate / "qa_settings.json").is_file():
+        if (candidate / "config.json").is_file() and (candidate / modeling.QA_SETTINGS).is_file():
             return candidate
     raise data.DataError(
         f"--checkpoint {checkpoint}: not a checkpoint of this project (no hf/config.json and "
@@ -68,36 +68,27 @@ class Predictor:
         from transformers import AutoModelForQuestionAnswering
 
         hf = find_hf_dir(checkpoint)
-        self.settings = json.loads((hf / "qa_settings.json").read_text())
+        self.settings = modeling.QASettings.load(hf)
         self.tokenizer = data.load_tokenizer(str(hf))
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.model = AutoModelForQuestionAnswering.from_pretrained(hf).to(self.device).eval()
-        s = self.settings
-        self.spec = data.WindowSpec(s["max_seq_length"], s["doc_stride"], s["max_query_length"])
-        self.batch_size = batch_size or s.get("eval_batch_size", 32)
+        self.spec = self.settings.window_spec
+        self.batch_size = batch_size or self.settings.eval_batch_size
 
     def logits(self, features: data.Features) -> tuple[np.ndarray, np.ndarray]:
         """Start/end logits of every window, batched exactly like the trial's evaluation."""
         import torch
 
-        from model_def import (
-            Collator,
-            FeatureBatchSampler,
-            assemble_logits,
-            forward_params,
-            model_inputs,
+        sampler, collate = modeling.evaluation_batches(
+            features, self.batch_size, self.settings.pad_to_multiple_of
         )
-
-        sampler = FeatureBatchSampler(
-            features.lengths, self.batch_size, shuffle=False, group_by_length=True, seed=0
-        )
-        collate = Collator(features, True, self.settings.get("pad_to_multiple_of", 8), labels=False)
-        accepted = forward_params(self.model)
+        accepted = modeling.forward_params(self.model)
         parts = []
         with torch.inference_mode():
             for indices in sampler.batches(0):
                 batch = collate(indices.tolist())
-                out = self.model(**{k: v.to(self.device) for k, v in model_inputs(batch, accepted).items()})
+                inputs = modeling.model_inputs(batch, accepted)
+                out = self.model(**{k: v.to(self.device) for k, v in inputs.items()})
                 parts.append(
                     (
                         batch["feature_index"].numpy(),
@@ -105,7 +96,7 @@ class Predictor:
                         out.end_logits.float().cpu().numpy(),
                     )
                 )
-        return assemble_logits(parts, features)
+        return modeling.assemble_logits(parts, features)
 
     def answer(self, examples: Sequence[data.Example]) -> data.Answers:
         features = self.features(examples)
@@ -124,19 +115,11 @@ class Predictor:
             features,
             start,
             end,
-            n_best=s["n_best_size"],
-            max_answer_length=s["max_answer_length"],
-            version_2=s["squad_version"] == "2.0",
-            null_score_diff_threshold=s["null_score_diff_threshold"],
+            n_best=s.n_best_size,
+            max_answer_length=s.max_answer_length,
+            version_2=s.squad_version == "2.0",
+            null_score_diff_threshold=s.null_score_diff_threshold,
         )
-
-
-def write_json_atomic(path: Path, obj: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(obj, f, ensure_ascii=False)
-    os.replace(tmp, path)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -174,7 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             squad = data.load_squad(args.squad, training=False)
             answers = predictor.answer(squad.examples)
-            write_json_atomic(args.out, answers.text)
+            data.write_text_atomic(args.out, json.dumps(answers.text, ensure_ascii=False))
             result = {"predictions": str(args.out), "questions": len(answers.text)}
     except data.DataError as err:
         print(f"error: {err}", file=sys.stderr)

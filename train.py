@@ -285,10 +285,7 @@ def write_metrics(
         "optimizer": plan.hparams["optimizer"],
         **series,
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(record, indent=1))
-    tmp.replace(path)
+    data.write_text_atomic(path, json.dumps(record, indent=1))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -2,7 +2,7 @@
 
     python3 bench/attention_backends.py [--batch-size 64] [--batches 12]
 
-Why model_def.configure_cuda_math turns cuDNN attention off and TF32 on. Dynamic padding gives
+Why modeling.configure_cuda_math turns cuDNN attention off and TF32 on. Dynamic padding gives
 every batch one of up to max_seq_length / pad_to_multiple_of widths. Each variant trains random
 BERT-base (bench/throughput.py's Loop: the trial's train_batch) over the same length-grouped
 batches twice: pass 1 meets each width for the first time, pass 2 repeats them. A backend that
@@ -25,7 +25,7 @@ import throughput as tp  # noqa: E402  (bench/throughput.py: model, config and t
 
 import config  # noqa: E402
 import data  # noqa: E402
-import model_def  # noqa: E402
+import modeling  # noqa: E402
 
 VARIANTS = [  # name, attention, precision, cuDNN attention allowed, TF32
     ("fp32 sdpa", "sdpa", "fp32", True, False),
@@ -60,10 +60,10 @@ def main() -> int:
     features = data.build_features(
         squad.examples, tokenizer, data.WindowSpec(384, 128, 64), labels=True, offsets=False
     )
-    sampler = model_def.FeatureBatchSampler(
+    sampler = modeling.FeatureBatchSampler(
         features.lengths, args.batch_size, shuffle=True, group_by_length=True, seed=tp.SEED
     )
-    collate = model_def.Collator(features, True, hp["pad_to_multiple_of"], labels=True)
+    collate = modeling.Collator(features, True, hp["pad_to_multiple_of"], labels=True)
     batches = [collate(ix.tolist()) for ix in sampler.batches(0)[: args.batches]]
     print(f"{torch.cuda.get_device_name()}; widths {[b['input_ids'].shape[1] for b in batches]}", flush=True)
 

@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 import config  # noqa: E402
 import data  # noqa: E402
+import modeling  # noqa: E402
 import predict  # noqa: E402
 
 NVIDIA_V100_SEQ_PER_S = 119.0
@@ -55,22 +56,8 @@ def export_embedded(target: Path, conf_path: Path) -> Path:
     model = AutoModelForQuestionAnswering.from_pretrained(data.resolve_pretrained(name))
     model.save_pretrained(target, safe_serialization=True)
     data.load_tokenizer(name).save_pretrained(target)
-    settings = {
-        key: cfg[key]
-        for key in (
-            "squad_version",
-            "max_seq_length",
-            "doc_stride",
-            "max_query_length",
-            "n_best_size",
-            "max_answer_length",
-            "null_score_diff_threshold",
-            "pretrained_model",
-        )
-    }
-    settings["eval_batch_size"] = cfg["eval_batch_size"] or 2 * plan.hparams["global_batch_size"]
-    settings["pad_to_multiple_of"] = plan.hparams["pad_to_multiple_of"]
-    (target / "qa_settings.json").write_text(json.dumps(settings))
+    per_slot = plan.hparams["global_batch_size"]  # one slot
+    modeling.QASettings.from_run(cfg, plan.hparams, config.eval_batch_size(cfg, per_slot)).save(target)
     return target
 
 
@@ -130,7 +117,7 @@ def forward_rate(
         "attention_mask": torch.ones_like(ids),
         "token_type_ids": torch.zeros_like(ids),
     }
-    half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(dtype)
+    half = modeling.autocast_dtype(dtype)
     autocast = torch.autocast(device.type, dtype=half, enabled=half is not None)
     with torch.inference_mode(), autocast:
         for _ in range(2):
@@ -218,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         except (data.DataError, config.ConfigError) as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
-        name = predictor.settings["pretrained_model"]
+        name = predictor.settings.pretrained_model
         result["model"] = name
         if not args.shapes_only:
             examples = squad.examples[: args.questions]
@@ -249,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             result["shapes"] = shapes(models, args, device)
     if args.json:
-        predict.write_json_atomic(args.json, result)
+        data.write_text_atomic(args.json, json.dumps(result))
     print(json.dumps(result))
     return 0
 

@@ -52,6 +52,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import config  # noqa: E402
 import data  # noqa: E402
 import model_def  # noqa: E402
+import modeling  # noqa: E402
 import train  # noqa: E402
 
 BERT_BASE = dict(
@@ -132,10 +133,10 @@ class Loop:
         hf_logging.set_verbosity_error()
         train.seed_everything(SEED)  # as train.py seeds before the trial builds its model
         if device.type == "cuda":
-            model_def.configure_cuda_math(rung.tf32)
+            modeling.configure_cuda_math(rung.tf32)
         model = AutoModelForQuestionAnswering.from_pretrained(model_path, attn_implementation=rung.attn)
         self.model = model.to(device).train()
-        self.accepted = model_def.forward_params(model)
+        self.accepted = modeling.forward_params(model)
         if rung.optimizer == "plain":
             self.optimizer = torch.optim.AdamW(
                 model.parameters(),
@@ -149,7 +150,7 @@ class Loop:
         self.schedule = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, model_def.linear_warmup_decay(total, warmup)
         )
-        self.dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(rung.precision)
+        self.dtype = modeling.autocast_dtype(rung.precision)
         self.scaler = torch.amp.GradScaler("cuda") if rung.precision == "fp16" else None
         self.forward = torch.compile(self.model) if rung.compile else self.model
         self.device, self.max_norm = device, hp["max_grad_norm"]
@@ -157,7 +158,7 @@ class Loop:
     def step(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         inputs = {
             k: v.to(self.device, non_blocking=True)
-            for k, v in model_def.model_inputs(batch, self.accepted).items()
+            for k, v in modeling.model_inputs(batch, self.accepted).items()
         }
         with torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype is not None):
             loss = self.forward(**inputs).loss
@@ -343,10 +344,10 @@ def main(argv: list[str] | None = None) -> int:
 
     # 1. Trial vs bare loop on the trial's own batches.
     if not args.skip_trial:
-        sampler = model_def.FeatureBatchSampler(
+        sampler = modeling.FeatureBatchSampler(
             features.lengths, args.batch_size, shuffle=True, group_by_length=hp["group_by_length"], seed=SEED
         )
-        collate = model_def.Collator(features, hp["group_by_length"], hp["pad_to_multiple_of"], labels=True)
+        collate = modeling.Collator(features, hp["group_by_length"], hp["pad_to_multiple_of"], labels=True)
         trial_batches = [collate(ix.tolist()) for ix in sampler.batches(0)[: args.batches]]
         attn = hp["attn_implementation"]
         fast = Rung("fast", False, attn, "trial", args.precision, args.compile, hp["tf32"])
@@ -362,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
             # Batches come through a torch DataLoader as in the trial: collation is inside the
             # timed loop for both, and the loader's seed draw keeps dropout's RNG in step.
             loader = torch.utils.data.DataLoader(
-                model_def.FeatureDataset(len(features)), batch_sampler=sampler, collate_fn=collate
+                modeling.FeatureDataset(len(features)), batch_sampler=sampler, collate_fn=collate
             )
             seconds, losses["bare"] = time_loop(loop, itertools.islice(loader, args.batches), 0)
             bare_s.append(seconds)
@@ -420,14 +421,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     ladder_rows = []
     for rung in ladder:
-        sub = model_def.FeatureBatchSampler(
+        sub = modeling.FeatureBatchSampler(
             features.lengths[sample],
             args.batch_size,
             shuffle=True,
             group_by_length=not rung.padded,
             seed=SEED,
         )
-        collate = model_def.Collator(features, not rung.padded, hp["pad_to_multiple_of"], labels=True)
+        collate = modeling.Collator(features, not rung.padded, hp["pad_to_multiple_of"], labels=True)
         batches = [collate(sample[ix].tolist()) for ix in sub.batches(0)]
         loop = Loop(model_path, rung, hp, len(batches), device)
         if device.type == "cuda":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -80,6 +81,30 @@ def test_single_question_over_a_context_longer_than_one_window(trained) -> None:
     assert set(result) == {"answer", "score", "start", "end"}
     assert context[result["start"] : result["end"]] == result["answer"] and result["answer"]
     assert 0 < result["score"] <= 1
+
+
+def test_predict_runs_without_determined(trained) -> None:
+    """Answering needs torch + transformers only: importing Determined fails in this process."""
+    ckpt, _ = trained
+    argv = ["--checkpoint", str(ckpt), "--question", "Who won?", "--context", "Denver won the title."]
+    program = (
+        "import sys; sys.modules['determined'] = None; "  # any `import determined` now raises
+        f"sys.path.insert(0, {str(ROOT)!r}); import predict; sys.exit(predict.main({argv!r}))"
+    )
+    out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1])["answer"]
+
+
+def test_qa_settings_missing_a_key_is_a_clear_error(trained, tmp_path: Path) -> None:
+    ckpt, _ = trained
+    hf = tmp_path / "hf"
+    shutil.copytree(ckpt / "hf", hf)
+    settings = json.loads((hf / "qa_settings.json").read_text())
+    del settings["doc_stride"]
+    (hf / "qa_settings.json").write_text(json.dumps(settings))
+    out = _predict("--checkpoint", str(hf), "--question", "q", "--context", "c")
+    assert out.returncode == 2 and "missing doc_stride" in out.stderr, out.stderr
 
 
 def test_batch_predictions_score_equal_to_the_trials_validation(trained, tmp_path: Path) -> None:

@@ -167,15 +167,15 @@ def test_batch_not_divisible_by_slots() -> None:
 
 def test_cuda_math_settings() -> None:
     """TF32 follows hyperparameters.tf32; cuDNN attention stays off (per-width plans, docs/gpu.md)."""
-    import model_def
+    import modeling
 
     saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cuda.cudnn_sdp_enabled())
     try:
         torch.backends.cuda.enable_cudnn_sdp(True)
-        model_def.configure_cuda_math(tf32=True)
+        modeling.configure_cuda_math(tf32=True)
         assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
         assert not torch.backends.cuda.cudnn_sdp_enabled()
-        model_def.configure_cuda_math(tf32=False)
+        modeling.configure_cuda_math(tf32=False)
         assert not torch.backends.cuda.matmul.allow_tf32
     finally:
         torch.backends.cuda.matmul.allow_tf32 = saved[0]

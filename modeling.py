@@ -1,0 +1,252 @@
+"""Batches and model I/O shared by the trial, evaluation, predict.py and the benchmarks.
+
+Torch, NumPy and transformers only -- no Determined -- so answering questions from a checkpoint
+needs nothing of the training framework. One home each for: length-grouped resumable batches
+(dynamic padding), the evaluation batching that makes predict.py's logits equal the trial's, what
+a model's forward accepts, reassembling distributed logits, precision -> autocast dtype, CUDA math
+settings, and the QA settings saved beside every checkpoint's hf/.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import math
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+import data
+
+# --------------------------------------------------------------------------------------------
+# Batches: length-grouped (dynamic padding) and resumable.
+# --------------------------------------------------------------------------------------------
+
+
+class FeatureBatchSampler(torch.utils.data.Sampler):
+    """Per-slot batches of feature indices, a pure function of (seed, epoch).
+
+    Determined wraps this in its repeat / shard / skip samplers: consecutive batches go to
+    consecutive ranks, and a resumed run replays the same epochs and skips what was trained. With
+    `group_by_length`, indices are shuffled, sorted by length inside chunks of ~50 global batches,
+    cut into batches, and the global batches (one per rank) shuffled again: ranks get windows of
+    similar length (no one waits on a long batch) and padding per batch stays small.
+    """
+
+    def __init__(
+        self,
+        lengths: np.ndarray,
+        batch_size: int,
+        *,
+        shuffle: bool,
+        group_by_length: bool,
+        seed: int,
+        ranks: int = 1,
+    ) -> None:
+        self.lengths = np.asarray(lengths)
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.group_by_length = group_by_length
+        self.seed = seed
+        self.ranks = ranks
+        self.epoch = 0
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.lengths) / self.batch_size)
+
+    def batches(self, epoch: int) -> list[np.ndarray]:
+        n = len(self.lengths)
+        rng = np.random.default_rng([self.seed, epoch])
+        order = rng.permutation(n) if self.shuffle else np.arange(n)
+        if self.group_by_length:
+            chunk = self.batch_size * self.ranks * 50
+            for lo in range(0, n, chunk):
+                part = order[lo : lo + chunk]
+                order[lo : lo + chunk] = part[np.argsort(-self.lengths[part], kind="stable")]
+        batches = [order[i : i + self.batch_size] for i in range(0, n, self.batch_size)]
+        if self.group_by_length and self.shuffle:
+            group = self.ranks  # keep each global batch's per-rank batches together
+            groups = [batches[i : i + group] for i in range(0, len(batches), group)]
+            groups = [groups[i] for i in rng.permutation(len(groups))]
+            batches = [b for g in groups for b in g]
+        return batches
+
+    def __iter__(self) -> Iterator[list[int]]:
+        epoch, self.epoch = self.epoch, self.epoch + 1
+        for batch in self.batches(epoch):
+            yield batch.tolist()
+
+
+class FeatureDataset(torch.utils.data.Dataset):
+    """Indices only: the collator slices the (memory-mapped) feature arrays per batch."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        return i
+
+
+class Collator:
+    """Pad a batch to its longest window (rounded up to a multiple), or to max length."""
+
+    def __init__(self, features: data.Features, dynamic: bool, multiple: int, labels: bool) -> None:
+        self.f = features
+        self.dynamic = dynamic
+        self.multiple = max(1, multiple)
+        self.labels = labels
+
+    def __call__(self, indices: Sequence[int]) -> dict[str, torch.Tensor]:
+        idx = np.sort(np.asarray(indices))  # sorted reads are kinder to a memory map
+        f, L = self.f, self.f.input_ids.shape[1]
+        lengths = np.asarray(f.lengths[idx])
+        width = L
+        if self.dynamic:
+            width = min(L, -(-int(lengths.max()) // self.multiple) * self.multiple)
+        batch = {
+            "input_ids": torch.from_numpy(np.asarray(f.input_ids[idx, :width], dtype=np.int64)),
+            "attention_mask": torch.from_numpy(
+                (np.arange(width)[None, :] < lengths[:, None]).astype(np.int64)
+            ),
+            "feature_index": torch.from_numpy(idx.astype(np.int64)),
+        }
+        if f.token_type_ids is not None:
+            batch["token_type_ids"] = torch.from_numpy(
+                np.asarray(f.token_type_ids[idx, :width], dtype=np.int64)
+            )
+        if self.labels:
+            batch["start_positions"] = torch.from_numpy(f.start_positions[idx].astype(np.int64))
+            batch["end_positions"] = torch.from_numpy(f.end_positions[idx].astype(np.int64))
+        return batch
+
+
+def forward_params(model: torch.nn.Module) -> frozenset[str]:
+    """What the model's forward takes (DistilBERT-like models take no token_type_ids)."""
+    return frozenset(inspect.signature(model.forward).parameters)
+
+
+def model_inputs(batch: dict[str, torch.Tensor], accepted: frozenset[str]) -> dict[str, torch.Tensor]:
+    return {k: v for k, v in batch.items() if k in accepted and k != "feature_index"}
+
+
+def evaluation_batches(
+    features: data.Features, batch_size: int, pad_to_multiple_of: int
+) -> tuple[FeatureBatchSampler, Collator]:
+    """How evaluation batches windows; predict.py uses the same, so its logits equal the trial's."""
+    sampler = FeatureBatchSampler(features.lengths, batch_size, shuffle=False, group_by_length=True, seed=0)
+    return sampler, Collator(features, True, pad_to_multiple_of, labels=False)
+
+
+def assemble_logits(
+    parts: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], features: data.Features
+) -> tuple[np.ndarray, np.ndarray]:
+    """[F, L] start/end logits in feature order from (index, start, end) batch parts."""
+    F, L = features.input_ids.shape
+    start = np.full((F, L), -np.inf, dtype=np.float32)
+    end = np.full((F, L), -np.inf, dtype=np.float32)
+    seen = np.zeros(F, dtype=np.int64)
+    for index, s, e in parts:
+        start[index, : s.shape[1]] = s
+        end[index, : e.shape[1]] = e
+        np.add.at(seen, index, 1)
+    if not (seen == 1).all():
+        raise RuntimeError(
+            f"distributed evaluation scored {int((seen == 0).sum())} windows zero times and "
+            f"{int((seen > 1).sum())} more than once; every window must be scored once."
+        )
+    return start, end
+
+
+# --------------------------------------------------------------------------------------------
+# Precision and CUDA math.
+# --------------------------------------------------------------------------------------------
+
+AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}  # fp32: no autocast
+
+
+def autocast_dtype(precision: str) -> torch.dtype | None:
+    return AUTOCAST_DTYPES.get(precision)
+
+
+def configure_cuda_math(tf32: bool) -> None:
+    """Process-wide CUDA kernel choices for training (measured on an H100: docs/gpu.md)."""
+    # TF32 tensor-core matmuls for fp32 weights and activations: 2.6x the fp32 rate on an H100.
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+    # cuDNN's fused attention (picked first for bf16/fp16) builds a graph for every new sequence
+    # width; dynamic padding makes up to max_seq_length / pad_to_multiple_of widths, each costing
+    # ~0.5 s the first time (bf16 ran at 106 seq/s vs 1318 with it off). The flash and
+    # memory-efficient kernels need no per-shape plan and are as fast once warm.
+    torch.backends.cuda.enable_cudnn_sdp(False)
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The Hugging Face model under torch.compile's and DDP's wrappers."""
+    model = getattr(model, "_orig_mod", model)  # torch.compile
+    return getattr(model, "module", model)  # DDP
+
+
+# --------------------------------------------------------------------------------------------
+# QA settings: what predict.py needs to window and extract exactly as evaluation did.
+# --------------------------------------------------------------------------------------------
+
+QA_SETTINGS = "qa_settings.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class QASettings:
+    """Written next to hf/ in every checkpoint; read by predict.py."""
+
+    squad_version: str
+    max_seq_length: int
+    doc_stride: int
+    max_query_length: int
+    n_best_size: int
+    max_answer_length: int
+    null_score_diff_threshold: float
+    pretrained_model: str
+    eval_batch_size: int  # predict.py batches like evaluation did, so its EM/F1 match exactly
+    pad_to_multiple_of: int
+
+    @classmethod
+    def from_run(cls, data_cfg: dict[str, Any], hparams: dict[str, Any], eval_batch_size: int) -> QASettings:
+        """From a run's data settings and hyperparameters (config.run_plan's output)."""
+        fields = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in {**hparams, **data_cfg}.items() if k in fields}
+        return cls(**{**values, "eval_batch_size": eval_batch_size})
+
+    @property
+    def window_spec(self) -> data.WindowSpec:
+        return data.WindowSpec(self.max_seq_length, self.doc_stride, self.max_query_length)
+
+    def save(self, hf_dir: Path) -> None:
+        data.write_text_atomic(hf_dir / QA_SETTINGS, json.dumps(dataclasses.asdict(self), indent=1))
+
+    @classmethod
+    def load(cls, hf_dir: Path) -> QASettings:
+        path = hf_dir / QA_SETTINGS
+        try:
+            raw = json.loads(path.read_text())
+        except (OSError, ValueError) as err:
+            raise data.DataError(f"{path}: cannot read QA settings ({err}).") from None
+        fields = {f.name for f in dataclasses.fields(cls)}
+        missing = sorted(fields - set(raw))
+        if missing:
+            raise data.DataError(f"{path}: missing {', '.join(missing)}; re-export the checkpoint.")
+        return cls(**{k: raw[k] for k in fields})
+
+
+def export_hf(model: torch.nn.Module, tokenizer: Any, settings: QASettings, checkpoint_dir: Path) -> Path:
+    """checkpoint_dir/hf: save_pretrained model + tokenizer + QA settings, loadable anywhere."""
+    hf = checkpoint_dir / "hf"
+    unwrap(model).save_pretrained(hf, safe_serialization=True)
+    tokenizer.save_pretrained(hf)
+    settings.save(hf)
+    return hf
