@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
+from reference_extraction import loop_extract, setup
 
 import data
-from bench.extraction import loop_extract, setup
 
 CONTEXT = "alpha beta gamma delta epsilon zeta eta theta"
 
