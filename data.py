@@ -648,67 +648,26 @@ def extract_answers(
     start_logits = np.asarray(start_logits, dtype=np.float32)
     end_logits = np.asarray(end_logits, dtype=np.float32)
     offsets = np.asarray(features.offsets)
-    example_index = np.asarray(features.example_index)
-    F, L = start_logits.shape
-    k = min(n_best, L)
-    in_context = offsets[:, :, 0] >= 0
-    s_masked = np.where(in_context, start_logits, -np.inf)
-    e_masked = np.where(in_context, end_logits, -np.inf)
-    s_idx = _top_k(s_masked, k)  # [F, k]
-    e_idx = _top_k(e_masked, k)
-    s_val = np.take_along_axis(s_masked, s_idx, axis=1)
-    e_val = np.take_along_axis(e_masked, e_idx, axis=1)
-    score = s_val[:, :, None] + e_val[:, None, :]  # [F, k, k]
-    span = e_idx[:, None, :] - s_idx[:, :, None]
-    valid = (span >= 0) & (span < max_answer_length) & np.isfinite(score)
-    score = np.where(valid, score, -np.inf).reshape(F, k * k)
+    n_examples = len(examples)
+    spans = _window_spans(start_logits, end_logits, offsets, n_best, max_answer_length)
+    ranked = _rank_by_example(spans, np.asarray(features.example_index), n_best)
 
-    # Keep each window's n_best spans, then rank all spans of an example (stable: first wins).
-    top = _top_k(score, min(n_best, k * k))  # [F, n]
-    cand_score = np.take_along_axis(score, top, axis=1).ravel()
-    cand_feature = np.repeat(np.arange(F), top.shape[1])
-    cand_start = s_idx[cand_feature, top.ravel() // k]
-    cand_end = e_idx[cand_feature, top.ravel() % k]
-    cand_example = example_index[cand_feature]
-    order = np.lexsort((-cand_score, cand_example))  # by example, then score descending
-    cand_score, cand_feature = cand_score[order], cand_feature[order]
-    cand_start, cand_end, cand_example = cand_start[order], cand_end[order], cand_example[order]
-
-    E = len(examples)
-    group_first = np.searchsorted(cand_example, np.arange(E), side="left")
-    rank = np.arange(len(cand_example)) - group_first[cand_example]
-    keep = (rank < n_best) & np.isfinite(cand_score)
-    best_score = np.full(E, -np.inf, dtype=np.float64)
-    has = np.zeros(E, dtype=bool)
-    first = keep & (rank == 0)
-    best_score[cand_example[first]] = cand_score[first]
-    has[cand_example[first]] = True
-
-    # Null score: the smallest CLS score over an example's windows (the usual SQuAD 2.0 rule).
-    cls = features.cls_index
-    null = np.full(E, np.inf, dtype=np.float64)
-    np.minimum.at(null, example_index, start_logits[:, cls] + end_logits[:, cls])
-
-    # Softmax over the kept n-best (plus the null for v2.0) gives the answer's probability.
-    top_score = np.where(has, best_score, 0.0)
-    if version_2:
-        top_score = np.maximum(top_score, np.where(np.isfinite(null), null, -np.inf))
-    exp = np.where(keep, np.exp(cand_score - top_score[cand_example]), 0.0)
-    total = np.bincount(cand_example, weights=exp, minlength=E)
-    if version_2:
-        total = total + np.exp(null - top_score)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        prob = np.where(has, np.exp(best_score - top_score) / total, 0.0)
-    diff = np.where(has, null - best_score, np.inf)
-    choose_null = ~has | (version_2 & (diff > null_score_diff_threshold))
+    best_score = np.full(n_examples, -np.inf, dtype=np.float64)
+    has_span = np.zeros(n_examples, dtype=bool)
+    best_score[ranked.example[ranked.is_best]] = ranked.score[ranked.is_best]
+    has_span[ranked.example[ranked.is_best]] = True
+    null = _null_scores(features, start_logits, end_logits, n_examples)
+    prob = _best_probability(ranked, best_score, has_span, null, version_2, n_examples)
+    null_diff = np.where(has_span, null - best_score, np.inf)
+    choose_null = ~has_span | (version_2 & (null_diff > null_score_diff_threshold))
 
     text: dict[str, str] = {}
-    start = np.full(E, -1, dtype=np.int64)
-    end = np.full(E, -1, dtype=np.int64)
-    rows = np.flatnonzero(first)
-    chosen, feat = cand_example[rows], cand_feature[rows]
-    start[chosen] = offsets[feat, cand_start[rows], 0]
-    end[chosen] = offsets[feat, cand_end[rows], 1]
+    start = np.full(n_examples, -1, dtype=np.int64)
+    end = np.full(n_examples, -1, dtype=np.int64)
+    rows = np.flatnonzero(ranked.is_best)
+    chosen, window = ranked.example[rows], ranked.feature[rows]
+    start[chosen] = offsets[window, ranked.start_token[rows], 0]
+    end[chosen] = offsets[window, ranked.end_token[rows], 1]
     for e, ex in enumerate(examples):
         if choose_null[e]:
             start[e] = end[e] = -1
@@ -716,8 +675,99 @@ def extract_answers(
         else:
             text[ex.id] = ex.context[start[e] : end[e]]
     if version_2:
-        prob = np.where(choose_null & has, 1.0 - prob, prob)
-    return Answers(text, prob, start, end, diff)
+        prob = np.where(choose_null & has_span, 1.0 - prob, prob)
+    return Answers(text, prob, start, end, null_diff)
+
+
+@dataclass
+class _Spans:
+    """Each window's n_best start and end tokens and the score of every pair ([windows, k * k])."""
+
+    score: np.ndarray  # -inf where the pair is not a valid span
+    start_token: np.ndarray  # [windows, k]
+    end_token: np.ndarray  # [windows, k]
+    k: int
+
+
+def _window_spans(
+    start_logits: np.ndarray, end_logits: np.ndarray, offsets: np.ndarray, n_best: int, max_answer_length: int
+) -> _Spans:
+    n_windows, width = start_logits.shape
+    k = min(n_best, width)
+    in_context = offsets[:, :, 0] >= 0
+    start_in = np.where(in_context, start_logits, -np.inf)
+    end_in = np.where(in_context, end_logits, -np.inf)
+    start_token = _top_k(start_in, k)  # [windows, k]
+    end_token = _top_k(end_in, k)
+    start_value = np.take_along_axis(start_in, start_token, axis=1)
+    end_value = np.take_along_axis(end_in, end_token, axis=1)
+    score = start_value[:, :, None] + end_value[:, None, :]  # [windows, k, k]
+    length = end_token[:, None, :] - start_token[:, :, None]
+    valid = (length >= 0) & (length < max_answer_length) & np.isfinite(score)
+    score = np.where(valid, score, -np.inf).reshape(n_windows, k * k)
+    return _Spans(score, start_token, end_token, k)
+
+
+@dataclass
+class _Ranked:
+    """Every window's n_best spans, sorted by example, then score (descending; first wins ties)."""
+
+    score: np.ndarray
+    feature: np.ndarray
+    start_token: np.ndarray
+    end_token: np.ndarray
+    example: np.ndarray
+    kept: np.ndarray  # among its example's n_best, with a finite score
+    is_best: np.ndarray  # its example's best span
+
+
+def _rank_by_example(spans: _Spans, example_index: np.ndarray, n_best: int) -> _Ranked:
+    n_windows, k = len(spans.score), spans.k
+    top = _top_k(spans.score, min(n_best, k * k))  # [windows, n]
+    score = np.take_along_axis(spans.score, top, axis=1).ravel()
+    feature = np.repeat(np.arange(n_windows), top.shape[1])
+    start_token = spans.start_token[feature, top.ravel() // k]
+    end_token = spans.end_token[feature, top.ravel() % k]
+    example = example_index[feature]
+    order = np.lexsort((-score, example))
+    score, feature, start_token, end_token, example = (
+        score[order], feature[order], start_token[order], end_token[order], example[order]
+    )  # fmt: skip
+    n_examples = int(example_index.max()) + 1 if len(example_index) else 0
+    first_of_example = np.searchsorted(example, np.arange(n_examples), side="left")
+    rank = np.arange(len(example)) - first_of_example[example]
+    kept = (rank < n_best) & np.isfinite(score)
+    return _Ranked(score, feature, start_token, end_token, example, kept, kept & (rank == 0))
+
+
+def _null_scores(
+    features: Features, start_logits: np.ndarray, end_logits: np.ndarray, n_examples: int
+) -> np.ndarray:
+    """The smallest CLS score over an example's windows (the usual SQuAD 2.0 rule)."""
+    cls = features.cls_index
+    null = np.full(n_examples, np.inf, dtype=np.float64)
+    np.minimum.at(null, np.asarray(features.example_index), start_logits[:, cls] + end_logits[:, cls])
+    return null
+
+
+def _best_probability(
+    ranked: _Ranked,
+    best_score: np.ndarray,
+    has_span: np.ndarray,
+    null: np.ndarray,
+    version_2: bool,
+    n_examples: int,
+) -> np.ndarray:
+    """Softmax over the kept n-best (plus the null for v2.0): the best span's probability."""
+    top_score = np.where(has_span, best_score, 0.0)
+    if version_2:
+        top_score = np.maximum(top_score, np.where(np.isfinite(null), null, -np.inf))
+    exp = np.where(ranked.kept, np.exp(ranked.score - top_score[ranked.example]), 0.0)
+    total = np.bincount(ranked.example, weights=exp, minlength=n_examples)
+    if version_2:
+        total = total + np.exp(null - top_score)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(has_span, np.exp(best_score - top_score) / total, 0.0)
 
 
 # --------------------------------------------------------------------------------------------

@@ -101,22 +101,28 @@ def linear_warmup_decay(total_steps: int, warmup_steps: int) -> Any:
 class SquadTrial(pytorch.PyTorchTrial):
     def __init__(self, context: pytorch.PyTorchTrialContext) -> None:
         self.context = context
+        # What the caller adds before fit() (train.py: the local progress display).
+        self.extra_callbacks: dict[str, pytorch.PyTorchCallback] = {}
         conf = context.get_experiment_config()
         self.plan = config.run_plan(conf, context.get_hparams(), context.distributed.size)
-        hp, cfg = self.plan.hparams, self.plan.data
-        self.hp, self.cfg = hp, cfg
-        self.version_2 = cfg["squad_version"] == "2.0"
-        device = context.device
-        if hp["precision"] == "fp16" and device.type != "cuda":
+        self.hp, self.cfg = self.plan.hparams, self.plan.data
+        self.version_2 = self.cfg["squad_version"] == "2.0"
+        if self.hp["precision"] == "fp16" and context.device.type != "cuda":
             raise config.ConfigError(
                 "hyperparameters.precision: fp16 needs a CUDA GPU (use bf16 or fp32 on CPU)."
             )
+        self.load_data()
+        model = self.build_model()
+        self.build_optimization(model)
+        self.evaluator = context.wrap_reducer(SquadEvaluator(self), for_training=False)
 
-        # Data: the chief of each machine downloads / builds caches; the others wait on locks.
+    def load_data(self) -> None:
+        """SQuAD and its windowed features; the chief of each machine downloads and builds the
+        caches, the other ranks wait on their locks."""
+        cfg, context = self.cfg, self.context
         model_name = cfg["pretrained_model"]
         self.tokenizer = data.load_tokenizer(model_name)
-        spec = data.WindowSpec(cfg["max_seq_length"], cfg["doc_stride"], cfg["max_query_length"])
-        self.spec = spec
+        self.spec = data.WindowSpec(cfg["max_seq_length"], cfg["doc_stride"], cfg["max_query_length"])
         cache_dir = Path(cfg["cache_dir"]) if cfg["cache_dir"] else data.default_download_dir() / "features"
         self.train_set = data.load_squad(cfg["train_file"], training=True)
         self.val_set = data.load_squad(cfg["validation_file"], training=False)
@@ -133,25 +139,27 @@ class SquadTrial(pytorch.PyTorchTrial):
                 self.train_set.skipped[:10],
             )
         self.train_features, train_cache = data.prepare_features(
-            self.train_set, self.tokenizer, model_name, spec, "train", cache_dir
+            self.train_set, self.tokenizer, model_name, self.spec, "train", cache_dir
         )
         self.val_features, val_cache = data.prepare_features(
-            self.val_set, self.tokenizer, model_name, spec, "validation", cache_dir
+            self.val_set, self.tokenizer, model_name, self.spec, "validation", cache_dir
         )
-        rank, size = context.distributed.rank, context.distributed.size
         logger.info(
             "rank %d of %d: features train %s / validation %s in %s; aggregation_frequency=%d "
             "optimizer=%s gradient_compression=%s global_batch_size=%d",
-            rank, size, train_cache, val_cache, cache_dir.resolve(), self.plan.aggregation_frequency,
-            hp["optimizer"], self.plan.gradient_compression, hp["global_batch_size"],
+            context.distributed.rank, context.distributed.size, train_cache, val_cache,
+            cache_dir.resolve(), self.plan.aggregation_frequency, self.hp["optimizer"],
+            self.plan.gradient_compression, self.hp["global_batch_size"],
         )  # fmt: skip
 
-        # Model, optimizer, schedule, precision.
+    def build_model(self) -> torch.nn.Module:
+        """The pretrained model, wrapped for Determined (DDP), compiled and compressed if asked;
+        returns the unwrapped model (the optimizer takes its parameters)."""
         from transformers import AutoModelForQuestionAnswering
 
-        if device.type == "cuda":
+        hp, context, model_name = self.hp, self.context, self.cfg["pretrained_model"]
+        if context.device.type == "cuda":
             modeling.configure_cuda_math(hp["tf32"])
-
         try:
             model = AutoModelForQuestionAnswering.from_pretrained(
                 data.resolve_pretrained(model_name), attn_implementation=hp["attn_implementation"]
@@ -174,18 +182,22 @@ class SquadTrial(pytorch.PyTorchTrial):
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
             self.model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        return model
+
+    def build_optimization(self, model: torch.nn.Module) -> None:
+        """Optimizer and linear warm-up / decay schedule, stepped once per optimizer step."""
+        context = self.context
         self.optimizer = context.wrap_optimizer(
-            build_optimizer(model, hp, device),
+            build_optimizer(model, self.hp, context.device),
             average_aggregated_gradients=self.plan.average_aggregated_gradients,
         )
         total = self.total_optimizer_steps()
-        warmup = int(hp["warmup_ratio"] * total)
+        warmup = int(self.hp["warmup_ratio"] * total)
         self.total_steps, self.warmup_steps = total, warmup
         self.lr_scheduler = context.wrap_lr_scheduler(
             torch.optim.lr_scheduler.LambdaLR(self.optimizer, linear_warmup_decay(total, warmup)),
             step_mode=pytorch.LRScheduler.StepMode.STEP_EVERY_OPTIMIZER_STEP,
         )
-        self.evaluator = context.wrap_reducer(SquadEvaluator(self), for_training=False)
 
     # Length bookkeeping: one epoch = the batches one rank sees, as Determined counts them.
     def batches_per_epoch(self) -> int:
@@ -300,7 +312,7 @@ class SquadTrial(pytorch.PyTorchTrial):
         info = det_internals.cluster_trial()
         if info is not None:
             callbacks["searcher_stop"] = SearcherStop(self.context, info, self.run_log)
-        return callbacks
+        return {**callbacks, **self.extra_callbacks}
 
     def get_batch_length(self, batch: dict[str, torch.Tensor]) -> int:
         return len(batch["input_ids"])

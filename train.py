@@ -251,6 +251,8 @@ def run(args: argparse.Namespace, trial_class: type | None = None) -> dict[str, 
         pytorch.init(**plan.init_kwargs(source.exp_conf), distributed=distributed) as context,
     ):
         trial = (trial_class or model_def.SquadTrial)(context)
+        if not source.on_cluster and context.distributed.rank == 0:
+            trial.extra_callbacks["progress"] = local_progress(context, plan, trial.batches_per_epoch())
         trainer = pytorch.Trainer(trial, context)
         # A cluster's controller starts at the master's steps_completed; locally we pass ours.
         with det_internals.resume_at(0 if source.on_cluster else source.steps_completed):
@@ -271,6 +273,15 @@ def run(args: argparse.Namespace, trial_class: type | None = None) -> dict[str, 
                 log.batches_timed * plan.hparams["global_batch_size"] / max(log.train_seconds, 1e-9), 2
             ),
         }
+
+
+def local_progress(context: Any, plan: config.RunPlan, batches_per_epoch: int) -> Any:
+    """The progress display of a local run (rank 0): total batches from the plan."""
+    import progress
+
+    unit = batches_per_epoch if plan.length.unit == "epochs" else 1
+    total = plan.length.value * unit
+    return progress.Progress(context, total, batches_per_epoch, plan.hparams["global_batch_size"])
 
 
 def write_metrics(
@@ -294,6 +305,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     # Determined's own format: the WebUI parses the level from it for its log-level filter.
     logging.basicConfig(level=logging.INFO, format=determined.LOG_FORMAT)
+    if not args.dry_run and det_internals.cluster_trial() is None:
+        import progress
+
+        progress.quiet_determined_log()  # the progress display says it; a cluster keeps it all
     try:
         result = dry_run(args) if args.dry_run else run(args)
     except (config.ConfigError, data.DataError, det_internals.VersionError) as err:

@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     if min(frequencies) < 1 or args.batches < 2 or any(args.batches % f for f in frequencies):
         parser.error("--batches must be >= 2 and a multiple of every frequency (>= 1)")
 
-    from throughput import tiny_validation_file
+    from common import tiny_validation_file
 
     import config
 

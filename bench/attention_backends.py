@@ -4,7 +4,7 @@
 
 Why modeling.configure_cuda_math turns cuDNN attention off and TF32 on. Dynamic padding gives
 every batch one of up to max_seq_length / pad_to_multiple_of widths. Each variant trains random
-BERT-base (bench/throughput.py's Loop: the trial's train_batch) over the same length-grouped
+BERT-base (bench/common.py's Loop: the trial's train_batch) over the same length-grouped
 batches twice: pass 1 meets each width for the first time, pass 2 repeats them. A backend that
 plans per shape (cuDNN's fused attention, preferred for bf16/fp16) shows it as pass 1 << pass 2.
 Ends with a profile of the first-seen pass for bf16 + cuDNN attention.
@@ -18,10 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import common as tp  # noqa: E402  (bench/common.py: model, config and the bare training loop)
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import throughput as tp  # noqa: E402  (bench/throughput.py: model, config and training loop)
 
 import config  # noqa: E402
 import data  # noqa: E402

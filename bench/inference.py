@@ -32,15 +32,14 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from common import BERT_BASE, sync  # noqa: E402
+
 import config  # noqa: E402
 import data  # noqa: E402
 import modeling  # noqa: E402
 import predict  # noqa: E402
 
 NVIDIA_V100_SEQ_PER_S = 119.0
-BERT_BASE = dict(
-    vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072
-)
 
 
 def export_embedded(target: Path, conf_path: Path) -> Path:
@@ -59,11 +58,6 @@ def export_embedded(target: Path, conf_path: Path) -> Path:
     per_slot = plan.hparams["global_batch_size"]  # one slot
     modeling.QASettings.from_run(cfg, plan.hparams, config.eval_batch_size(cfg, per_slot)).save(target)
     return target
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
 
 
 def end_to_end(predictor: predict.Predictor, examples: list, single: int) -> dict[str, Any]:

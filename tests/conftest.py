@@ -136,4 +136,27 @@ def run_cli(args: list[str], cwd: Path | None = None) -> dict[str, Any]:
         timeout=600,
     )
     assert out.returncode == 0, f"{args[0]} exited {out.returncode}: {out.stderr[-3000:]}"
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return last_json(out.stdout)
+
+
+def last_json(stdout: str) -> dict[str, Any]:
+    """The project's CLIs print their result as one JSON object on the last stdout line."""
+    lines = [line for line in stdout.splitlines() if line.strip()]
+    assert lines, "no output"
+    return json.loads(lines[-1])
+
+
+def one_process_scores(checkpoint: Path | str, squad_file: Path | str, tmp: Path) -> dict[str, Any]:
+    """EM/F1 of a checkpoint evaluated by one process: predict.py, then squad_metric.py."""
+    preds = tmp / "one-process-predictions.json"
+    run_cli(["predict.py", "--checkpoint", str(checkpoint), "--squad", str(squad_file), "--out", str(preds)])
+    return run_cli(["squad_metric.py", str(squad_file), str(preds)])
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now (the OS picks it): no fixed ports in tests."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]

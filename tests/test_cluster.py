@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import DEV_V1, ROOT, TRAIN_V1, run_cli
+from conftest import DEV_V1, ROOT, TRAIN_V1, one_process_scores, run_cli
 
 import config
 
@@ -80,9 +80,7 @@ def assert_equals_one_process_evaluation(cluster: Any, tmp: Path) -> None:
     """The trial's last validation scores what predict.py + squad_metric.py, one process,
     score on the same checkpoint."""
     ckpt = cluster.storage / cluster.master.checkpoints[-1].uuid
-    preds = tmp / "preds.json"
-    run_cli(["predict.py", "--checkpoint", str(ckpt), "--squad", str(DEV_V1), "--out", str(preds)])
-    single = run_cli(["squad_metric.py", str(DEV_V1), str(preds)])
+    single = one_process_scores(ckpt, DEV_V1, tmp)
     val = cluster.master.validations()[-1]["metrics"]
     assert single["exact_match"] == val["exact_match"] and single["f1"] == val["f1"]
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import DATA, DEV_V1, DEV_V2, TRAIN_V1
+from conftest import DATA, DEV_V1, DEV_V2, TRAIN_V1, last_json
 from reference_features import compare, standard_recipe
 
 import data
@@ -240,10 +240,10 @@ def test_cli_prints_json_last_and_fails_cleanly(tiny_bert, tmp_path: Path, capsy
         str(tmp_path),
     ]
     assert data.main(args) == 0
-    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    out = last_json(capsys.readouterr().out)
     assert out["examples"] == 269 and out["cache"] == "built" and out["features"] >= 269
     assert data.main(args) == 0
-    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["cache"] == "hit"
+    assert last_json(capsys.readouterr().out)["cache"] == "hit"
     bad = tmp_path / "bad.json"
     bad.write_text("{")
     assert (

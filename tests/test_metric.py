@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import DEV_V1, DEV_V2, ROOT
+from conftest import DEV_V1, DEV_V2, ROOT, last_json
 
 import data
 import squad_metric as m
@@ -77,7 +77,7 @@ def test_cli_round_trip(path: Path, version: str, tmp_path: Path) -> None:
         text=True,
         check=True,
     )
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result = last_json(out.stdout)
     key = "exact_match" if version == "1.1" else "exact"
     assert result[key] == 100.0 and result["f1"] == 100.0
     if version == "2.0":

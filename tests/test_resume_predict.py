@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import DEV_V1, ROOT, run_train, tiny_config, write_yaml
+from conftest import DEV_V1, ROOT, last_json, run_cli, run_train, tiny_config, write_yaml
 
 
 def _checkpoints(root: Path) -> dict[int, Path]:
@@ -77,7 +77,7 @@ def test_single_question_over_a_context_longer_than_one_window(trained) -> None:
     context = " ".join(["The stadium hosted many games over the years."] * 40) + " Denver won the title."
     out = _predict("--checkpoint", str(ckpt), "--question", "Who won the title?", "--context", context)
     assert out.returncode == 0, out.stderr
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result = last_json(out.stdout)
     assert set(result) == {"answer", "score", "start", "end"}
     assert context[result["start"] : result["end"]] == result["answer"] and result["answer"]
     assert 0 < result["score"] <= 1
@@ -93,7 +93,7 @@ def test_predict_runs_without_determined(trained) -> None:
     )
     out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout.strip().splitlines()[-1])["answer"]
+    assert last_json(out.stdout)["answer"]
 
 
 def test_qa_settings_missing_a_key_is_a_clear_error(trained, tmp_path: Path) -> None:
@@ -110,15 +110,8 @@ def test_qa_settings_missing_a_key_is_a_clear_error(trained, tmp_path: Path) -> 
 def test_batch_predictions_score_equal_to_the_trials_validation(trained, tmp_path: Path) -> None:
     ckpt, result = trained
     preds = tmp_path / "p.json"
-    out = _predict("--checkpoint", str(ckpt / "hf"), "--squad", str(DEV_V1), "--out", str(preds))
-    assert out.returncode == 0, out.stderr
-    scored = subprocess.run(
-        [sys.executable, str(ROOT / "squad_metric.py"), str(DEV_V1), str(preds)],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    metrics = json.loads(scored.stdout.strip().splitlines()[-1])
+    run_cli(["predict.py", "--checkpoint", str(ckpt / "hf"), "--squad", str(DEV_V1), "--out", str(preds)])
+    metrics = run_cli(["squad_metric.py", str(DEV_V1), str(preds)])
     assert metrics["exact_match"] == result["exact_match"] and metrics["f1"] == result["f1"]
 
 

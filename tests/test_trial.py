@@ -11,7 +11,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import DEV_V2, ROOT, run_train, tiny_config, write_yaml
+from conftest import (
+    DEV_V2,
+    ROOT,
+    free_port,
+    last_json,
+    one_process_scores,
+    run_train,
+    tiny_config,
+    write_yaml,
+)
 
 import config
 
@@ -219,7 +228,7 @@ def test_torchrun_two_processes_equals_one_process_evaluation(tiny_bert: Path, t
             "-m",
             "torch.distributed.run",
             "--nproc_per_node=2",
-            "--master_port=29533",
+            f"--master_port={free_port()}",
             str(ROOT / "train.py"),
             "--config",
             str(path),
@@ -233,32 +242,10 @@ def test_torchrun_two_processes_equals_one_process_evaluation(tiny_bert: Path, t
         cwd=tmp_path,
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result = last_json(out.stdout)
     assert result["steps_completed"] == 4
     # One process evaluating the same weights (predict.py + squad_metric.py) gets the same scores.
-    preds = tmp_path / "pred.json"
-    subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "predict.py"),
-            "--checkpoint",
-            result["checkpoint"],
-            "--squad",
-            conf["data"]["validation_file"],
-            "--out",
-            str(preds),
-        ],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    scored = subprocess.run(
-        [sys.executable, str(ROOT / "squad_metric.py"), conf["data"]["validation_file"], str(preds)],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    single = json.loads(scored.stdout.strip().splitlines()[-1])
+    single = one_process_scores(result["checkpoint"], conf["data"]["validation_file"], tmp_path)
     assert single["exact_match"] == result["exact_match"] and single["f1"] == result["f1"]
 
 
@@ -305,3 +292,58 @@ def test_two_processes_all_reduce_only_on_optimizer_step_batches(tiny_bert: Path
     assert one["allreduce_calls_per_batch"] == one["allreduce_calls_per_step"] > 0
     assert two["allreduce_calls_per_batch"] == pytest.approx(two["allreduce_calls_per_step"] / 2)
     assert two["allreduce_mb_per_step"] == pytest.approx(one["allreduce_mb_per_step"])
+
+
+def test_local_run_shows_progress_not_determineds_log(tiny_bert: Path, tmp_path: Path) -> None:
+    path = write_yaml(tiny_config(tiny_bert, tmp_path), tmp_path / "exp.yaml")
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), "--config", str(path), "--batches", "4"]
+        + ["--checkpoint-dir", str(tmp_path / "ckpt")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "f1" in last_json(out.stdout)  # the result stays the last stdout line
+    lines = out.stderr.splitlines()
+    assert any(line.startswith("[") and "batch 4/4" in line and "samples/s" in line for line in lines), (
+        out.stderr
+    )
+    assert any(line.startswith("validation after batch 4: exact_match") for line in lines), out.stderr
+    assert "report_progress" not in out.stderr and "upload_tensorboard_files" not in out.stderr
+
+
+def test_progress_redraws_in_place_on_a_terminal() -> None:
+    import io
+
+    import progress
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    class Context:
+        batch: int | None = None
+
+        def current_train_batch(self) -> int:
+            if self.batch is None:
+                raise RuntimeError("Training hasn't started.")  # as Determined's context does
+            return self.batch
+
+    screen, context = Terminal(), Context()
+    bar = progress.Progress(
+        context, total_batches=40, batches_per_epoch=20, global_batch_size=16, stream=screen
+    )
+    bar.on_trial_startup(10, None)
+    bar.on_training_start()
+    context.batch = 9
+    bar.on_training_workload_end({"loss": 2.5, "lr": 1e-4}, None)
+    context.batch = 19
+    bar.on_training_workload_end({"loss": 2.0, "lr": 9e-5}, None)
+    bar.on_validation_end({"exact_match": 40.0, "f1": 50.0})
+    bar.on_trial_shutdown()
+    text = screen.getvalue()
+    assert text.startswith("\r\033[K[") and "batch 20/40  epoch 1/2  loss 2.0000  lr 9.00e-05" in text
+    assert "samples/s  left " in text
+    assert text.endswith("validation after batch 20: exact_match 40.00  f1 50.00\n")
+    assert progress.duration(3725) == "1h02m" and progress.duration(65) == "1m05s"

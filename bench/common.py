@@ -1,0 +1,184 @@
+"""What several benchmarks share: random BERT-base, the bare training loop, timing helpers.
+
+The bare loop (`Loop`) does what SquadTrial.train_batch does -- forward under autocast,
+backward, clip, optimizer and schedule step -- without Determined, one switch at a time (`Rung`).
+Scripts in bench/ import this as `common` (their own folder is first on sys.path).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import itertools
+import json
+import os
+import sys
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import config  # noqa: E402
+import data  # noqa: E402
+import model_def  # noqa: E402
+import modeling  # noqa: E402
+import train  # noqa: E402
+
+BERT_BASE = dict(
+    vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072
+)
+
+
+SEED = 42
+
+
+@dataclass
+class Rung:
+    name: str
+    padded: bool  # every window padded to max_seq_length, random batches
+    attn: str
+    optimizer: str  # "plain" torch AdamW, or "trial" = model_def.build_optimizer (fused on CUDA)
+    precision: str
+    compile: bool = False
+    tf32: bool = False  # CUDA only: the trial's default (hyperparameters.tf32)
+
+
+def model_dir(kind: str, tmp: Path, tokenizer: Any) -> str:
+    if kind == "embedded":
+        return data.resolve_pretrained(data.EMBEDDED_MODEL)
+    from transformers import BertConfig, BertForQuestionAnswering
+
+    torch.manual_seed(0)  # random weights: speed does not depend on them
+    path = tmp / "bert-base"
+    BertForQuestionAnswering(BertConfig(**BERT_BASE)).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+class Loop:
+    """What SquadTrial.train_batch does, without Determined: forward, backward, clip, step."""
+
+    def __init__(self, model_path: str, rung: Rung, hp: dict[str, Any], total: int, device: torch.device):
+        from transformers import AutoModelForQuestionAnswering
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        train.seed_everything(SEED)  # as train.py seeds before the trial builds its model
+        if device.type == "cuda":
+            modeling.configure_cuda_math(rung.tf32)
+        model = AutoModelForQuestionAnswering.from_pretrained(model_path, attn_implementation=rung.attn)
+        self.model = model.to(device).train()
+        self.accepted = modeling.forward_params(model)
+        if rung.optimizer == "plain":
+            self.optimizer = torch.optim.AdamW(
+                model.parameters(),
+                lr=hp["learning_rate"],
+                eps=hp["adam_epsilon"],
+                weight_decay=hp["weight_decay"],
+            )
+        else:
+            self.optimizer = model_def.build_optimizer(model, hp, device)
+        warmup = int(hp["warmup_ratio"] * total)
+        self.schedule = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, model_def.linear_warmup_decay(total, warmup)
+        )
+        self.dtype = modeling.autocast_dtype(rung.precision)
+        self.scaler = torch.amp.GradScaler("cuda") if rung.precision == "fp16" else None
+        self.forward = torch.compile(self.model) if rung.compile else self.model
+        self.device, self.max_norm = device, hp["max_grad_norm"]
+
+    def step(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        inputs = {
+            k: v.to(self.device, non_blocking=True)
+            for k, v in modeling.model_inputs(batch, self.accepted).items()
+        }
+        with torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype is not None):
+            loss = self.forward(**inputs).loss
+        if self.scaler:
+            self.scaler.scale(loss).backward()
+            self.scaler.unscale_(self.optimizer)
+        else:
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_norm)
+        if self.scaler:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.schedule.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_loop(loop: Loop, batches: Iterable[dict[str, torch.Tensor]], warmup: int) -> tuple[float, float]:
+    """(seconds after the first `warmup` batches, last loss); warm-up batches train but are not timed."""
+    loss = torch.zeros(())
+    batches = iter(batches)
+    for batch in itertools.islice(batches, warmup):
+        loop.step(batch)
+    sync(loop.device)
+    t0 = time.perf_counter()
+    for batch in batches:
+        loss = loop.step(batch)
+    sync(loop.device)
+    return time.perf_counter() - t0, float(loss)
+
+
+def tiny_validation_file(tmp: Path) -> Path:
+    """One dev paragraph: the trial validates once at the end; that is not what we time."""
+    dev = json.loads((ROOT / "squad_data" / "dev-v1.1-excerpt.json").read_text())
+    article = dev["data"][0]
+    one = {
+        "version": dev.get("version", "1.1"),
+        "data": [{"title": article["title"], "paragraphs": article["paragraphs"][:1]}],
+    }
+    path = tmp / "dev-one-paragraph.json"
+    path.write_text(json.dumps(one))
+    return path
+
+
+def trial_config(args: argparse.Namespace, model_path: str, tmp: Path) -> Path:
+    conf = config.load_yaml(ROOT / "local.yaml")
+    conf["data"].update(
+        pretrained_model=model_path,
+        train_file=str(args.train_file),
+        validation_file=str(tiny_validation_file(tmp)),
+        cache_dir=str(tmp / "cache"),
+        max_seq_length=args.max_seq_length,
+        doc_stride=args.doc_stride,
+    )
+    conf["hyperparameters"].update(
+        global_batch_size=args.batch_size,
+        precision=args.precision,
+        torch_compile=args.compile,
+        train_length={"type": "const", "val": {"batches": args.batches}},
+    )
+    conf["reproducibility"] = {"experiment_seed": SEED}
+    conf["scheduling_unit"] = args.batches
+    path = tmp / "trial.yaml"
+    path.write_text(yaml.safe_dump(conf))
+    return path
+
+
+def run_trial(conf_path: Path, tmp: Path, run: int) -> dict[str, Any]:
+    """The trial through Determined's local Trainer, exactly as `python3 train.py` runs it."""
+    cwd = os.getcwd()
+    args = train.parse_args(["--config", str(conf_path), "--checkpoint-dir", str(tmp / f"ckpt-{run}")])
+    with contextlib.redirect_stdout(io.StringIO()):
+        result = train.run(args)
+    os.chdir(cwd)
+    assert result is not None
+    return result
