@@ -362,6 +362,36 @@ def window_starts(n_context: int, budget: int, stride: int) -> list[int]:
     return starts
 
 
+def _tokenize_questions(examples: Sequence[Example], backend: Any, max_query_length: int) -> list[list[int]]:
+    encoded = backend.encode_batch([ex.question.lstrip() for ex in examples], add_special_tokens=False)
+    return [enc.ids[:max_query_length] for enc in encoded]
+
+
+def _tokenize_contexts(
+    examples: Sequence[Example], backend: Any, progress: bool
+) -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
+    """Each distinct context once: (example -> context index, token ids, char starts, char ends)."""
+    context_of: dict[str, int] = {}
+    example_context = np.empty(len(examples), dtype=np.int64)
+    for i, ex in enumerate(examples):
+        example_context[i] = context_of.setdefault(ex.context, len(context_of))
+    contexts = list(context_of)
+    ids: list[np.ndarray] = []
+    starts: list[np.ndarray] = []
+    ends: list[np.ndarray] = []
+    chunk = 2048
+    bar = _progress(len(contexts), "tokenizing contexts", progress)
+    for lo in range(0, len(contexts), chunk):
+        for enc in backend.encode_batch(contexts[lo : lo + chunk], add_special_tokens=False):
+            ids.append(np.asarray(enc.ids, dtype=np.int32))
+            offsets = np.asarray(enc.offsets, dtype=np.int32).reshape(-1, 2)
+            starts.append(offsets[:, 0])
+            ends.append(offsets[:, 1])
+        bar.update(min(chunk, len(contexts) - lo))
+    bar.close()
+    return example_context, ids, starts, ends
+
+
 def build_features(
     examples: Sequence[Example],
     tokenizer: Any,
@@ -374,36 +404,15 @@ def build_features(
     """Tokenize each distinct context once and each question once, then cut windows in NumPy.
 
     SQuAD asks ~4.6 questions per paragraph; the usual recipe re-tokenizes the paragraph for every
-    question. The windows, ids and labels are the same as the usual recipe's (bench/features.py
-    checks that), the tokenizer work is about a quarter.
+    question. The windows, ids and labels are the same as the usual recipe's
+    (tests/reference_features.py; tests/test_data.py checks it), the tokenizer work about a
+    quarter.
     """
     template = _Template(tokenizer)
     spec.check(template.specials)
-    backend = template.backend
     L = spec.max_seq_length
-
-    context_of: dict[str, int] = {}
-    example_context = np.empty(len(examples), dtype=np.int64)
-    for i, ex in enumerate(examples):
-        example_context[i] = context_of.setdefault(ex.context, len(context_of))
-    contexts = list(context_of)
-
-    q_enc = backend.encode_batch([ex.question.lstrip() for ex in examples], add_special_tokens=False)
-    q_ids = [enc.ids[: spec.max_query_length] for enc in q_enc]
-    del q_enc
-    c_ids: list[np.ndarray] = []
-    c_starts: list[np.ndarray] = []
-    c_ends: list[np.ndarray] = []
-    chunk = 2048
-    bar = _progress(len(contexts), "tokenizing contexts", progress)
-    for lo in range(0, len(contexts), chunk):
-        for enc in backend.encode_batch(contexts[lo : lo + chunk], add_special_tokens=False):
-            c_ids.append(np.asarray(enc.ids, dtype=np.int32))
-            off = np.asarray(enc.offsets, dtype=np.int32).reshape(-1, 2)
-            c_starts.append(off[:, 0])
-            c_ends.append(off[:, 1])
-        bar.update(min(chunk, len(contexts) - lo))
-    bar.close()
+    q_ids = _tokenize_questions(examples, template.backend, spec.max_query_length)
+    example_context, c_ids, c_starts, c_ends = _tokenize_contexts(examples, template.backend, progress)
 
     # Pass 1: window start tokens per example, so the arrays are allocated once.
     head_len = [len(template.prefix) + len(q) + len(template.middle) for q in q_ids]
