@@ -24,8 +24,6 @@ import copy
 import itertools
 import json
 import os
-import re
-import subprocess
 import sys
 import time
 from collections.abc import Iterable, Sequence
@@ -293,138 +291,6 @@ def plot(report: dict[str, Any], path: Path) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# Determined's SDK: kept thin (tested with recorded objects).
-# --------------------------------------------------------------------------------------------
-
-
-def connect(master: str) -> Any:
-    from determined.experimental import client
-
-    try:
-        client.login(master=master)
-        client.list_experiments(labels=[STUDY_LABEL])  # the first call that needs the master
-    except Exception as err:  # the SDK raises many kinds; all mean "no usable master"
-        raise ScalingError(
-            f"--master {master}: no reachable Determined master ({str(err).splitlines()[0][:200]}); "
-            "check the URL and log in with `det user login`."
-        ) from None
-    return client
-
-
-def runs_from_sdk(sdk: Any, study: str) -> list[RunInputs]:
-    runs = []
-    for exp in sdk.list_experiments(labels=[f"study={study}"]):
-        conf = exp.config or {}
-        hp = config.local_hparams(conf)
-        slots = config.slots_of(conf)
-        common = dict(
-            slots=slots,
-            global_batch_size=int(hp.get("global_batch_size", 0)),
-            aggregation=int((conf.get("optimizations") or {}).get("aggregation_frequency", 1)),
-            optimizer=str(hp.get("optimizer", "adamw")),
-        )
-        trials = list(exp.list_trials())
-        if not trials:
-            state = getattr(exp.state, "name", str(exp.state))
-            runs.append(RunInputs(exp.name, state, training=[], validation=[], error="no trial", **common))
-        for trial in trials:
-            training = [(m.steps_completed, m.end_time.timestamp()) for m in trial.iter_metrics("training")]
-            validation = [
-                (m.steps_completed, m.end_time.timestamp(), dict(m.metrics))
-                for m in trial.iter_metrics("validation")
-            ]
-            state = getattr(trial.state, "name", str(trial.state))
-            runs.append(RunInputs(exp.name, state, training=training, validation=validation, **common))
-    return runs
-
-
-def launch(sdk: Any, series: Sequence[Variant], context_dir: Path = ROOT) -> list[int]:
-    ids = []
-    for v in series:
-        exp = sdk.create_experiment(config=v.config, model_dir=str(context_dir))
-        ids.append(exp.id)
-        print(f"experiment {exp.id}: {v.name}", flush=True)
-    return ids
-
-
-# --------------------------------------------------------------------------------------------
-# Local: the same series as torchrun processes on this machine.
-# --------------------------------------------------------------------------------------------
-
-
-def slug(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9=._-]+", "_", name).strip("_")
-
-
-def run_local(series: Sequence[Variant], batches: int, out: Path) -> list[RunInputs]:
-    import yaml
-
-    runs = []
-    for v in series:
-        conf = copy.deepcopy(v.config)
-        conf["scheduling_unit"] = max(1, batches // 5)  # several training reports per run
-        stem = slug(v.name)
-        conf_path, metrics = out / "configs" / f"{stem}.yaml", out / "runs" / f"{stem}.json"
-        conf_path.parent.mkdir(parents=True, exist_ok=True)
-        metrics.parent.mkdir(parents=True, exist_ok=True)
-        conf_path.write_text(yaml.safe_dump(conf, sort_keys=False))
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            f"--nproc_per_node={v.slots}",
-            "--standalone",
-            str(ROOT / "train.py"),
-            "--config",
-            str(conf_path),
-            "--batches",
-            str(batches),
-            "--metrics-out",
-            str(metrics),
-            "--checkpoint-dir",
-            str(out / "checkpoints"),
-        ]
-        env = {k: val for k, val in os.environ.items() if k != "USE_TORCH_DISTRIBUTED"}
-        # Each process gets its share of the cores, as each GPU is its own device on a cluster.
-        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // v.slots))
-        print(f"{v.name}: torchrun x{v.slots}, {batches} batches ...", flush=True)
-        log = out / "runs" / f"{stem}.log"
-        with log.open("w") as f:
-            proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
-        common = dict(
-            slots=v.slots,
-            global_batch_size=v.per_slot_batch * v.slots,
-            aggregation=v.aggregation,
-            optimizer=v.optimizer,
-        )
-        if proc.returncode != 0 or not metrics.is_file():
-            lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
-            last = next((ln for ln in reversed(lines) if "rror" in ln), lines[-1] if lines else "")
-            runs.append(
-                RunInputs(
-                    v.name,
-                    "ERROR",
-                    training=[],
-                    validation=[],
-                    error=f"exit {proc.returncode}: {last.strip()[:300]} (log: {log})",
-                    **common,
-                )
-            )
-            continue
-        m = json.loads(metrics.read_text())
-        runs.append(
-            RunInputs(
-                v.name,
-                m["state"],
-                training=[(r["steps_completed"], r["end_time"]) for r in m["training"]],
-                validation=[(r["steps_completed"], r["end_time"], r["metrics"]) for r in m["validation"]],
-                **common,
-            )
-        )
-    return runs
-
-
-# --------------------------------------------------------------------------------------------
 # CLI.
 # --------------------------------------------------------------------------------------------
 
@@ -471,7 +337,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command in ("launch", "report") and not args.master and not getattr(args, "dry_run", False):
             raise ScalingError("--master URL (or DET_MASTER) is required for launch and report.")
         if args.command == "report":
-            report = build_report(runs_from_sdk(connect(args.master), args.study), args.study)
+            import scaling_runs
+
+            report = build_report(scaling_runs.from_cluster(args.master, args.study), args.study)
             paths = write_report(report, args.out)
             print(json.dumps({"study": args.study, "written": [str(p) for p in paths]}))
             return 0
@@ -487,12 +355,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for v in series:
                     print(json.dumps({"name": v.name, "config": v.config}))
                 return 0
-            ids = launch(connect(args.master), series)
+            import scaling_runs
+
+            ids = scaling_runs.launch(scaling_runs.connect(args.master), series)
             print(json.dumps({"study": args.study, "experiments": ids}))
             return 0
         if args.batches < 1:
             raise ScalingError("--batches must be a positive integer.")
-        runs = run_local(series, args.batches, args.out)
+        import scaling_runs
+
+        runs = scaling_runs.run_local(series, args.batches, args.out)
         paths = write_report(build_report(runs, args.study), args.out)
         print(json.dumps({"study": args.study, "written": [str(p) for p in paths]}))
         return 0
@@ -502,4 +374,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # As the module `scaling`, not `__main__`: scaling_runs imports it, and both must share one
+    # ScalingError (and RunInputs) class.
+    import scaling
+
+    sys.exit(scaling.main())

@@ -17,6 +17,7 @@ from conftest import ROOT, tiny_config, write_yaml
 
 import config
 import scaling
+import scaling_runs
 
 
 def _load(name: str) -> dict[str, Any]:
@@ -192,7 +193,7 @@ def test_sdk_glue_with_recorded_objects(tmp_path: Path) -> None:
             _experiment(16, 10.0, TrialState.ERROR),
         ]
     )
-    runs = scaling.runs_from_sdk(sdk, "abc")
+    runs = scaling_runs.runs_from_sdk(sdk, "abc")
     assert sdk.calls == [["study=abc"]]
     assert [(r.slots, r.global_batch_size, r.state) for r in runs] == [
         (1, 12, "COMPLETED"),
@@ -206,7 +207,7 @@ def test_sdk_glue_with_recorded_objects(tmp_path: Path) -> None:
     assert by[16]["state"] == "ERROR" and by[16]["speedup"] is None and by[8]["f1"] == 88.1
 
     series = scaling.variants(_load("distributed.yaml"), [1, 2], [1], ["adamw"], "abc")
-    assert scaling.launch(sdk, series, tmp_path) == [101, 102]
+    assert scaling_runs.launch(sdk, series, tmp_path) == [101, 102]
     assert [c["resources"]["slots_per_trial"] for c, _ in sdk.created] == [1, 2]
     assert {d for _, d in sdk.created} == {str(tmp_path)}
 
