@@ -101,7 +101,8 @@ def linear_warmup_decay(total_steps: int, warmup_steps: int) -> Any:
 class SquadTrial(pytorch.PyTorchTrial):
     def __init__(self, context: pytorch.PyTorchTrialContext) -> None:
         self.context = context
-        # What the caller adds before fit() (train.py: the local progress display).
+        self.run_log = RunLog(self)
+        # What the caller adds before fit() (train.py: progress display, metric series).
         self.extra_callbacks: dict[str, pytorch.PyTorchCallback] = {}
         conf = context.get_experiment_config()
         self.plan = config.run_plan(conf, context.get_hparams(), context.distributed.size)
@@ -307,7 +308,6 @@ class SquadTrial(pytorch.PyTorchTrial):
         return squad_metric.score(self.val_set.examples, answers.text, self.cfg["squad_version"])
 
     def build_callbacks(self) -> dict[str, pytorch.PyTorchCallback]:
-        self.run_log = RunLog(self)
         callbacks: dict[str, pytorch.PyTorchCallback] = {"hf_export": HFExport(self), "run_log": self.run_log}
         info = det_internals.cluster_trial()
         if info is not None:
@@ -341,7 +341,7 @@ class SearcherStop(pytorch.PyTorchCallback):
 
 
 class RunLog(pytorch.PyTorchCallback):
-    """Remembers what train.py reports at the end: timings, last metrics, metric series."""
+    """Remembers what train.py reports at the end: steps, timings, last metrics, checkpoint."""
 
     def __init__(self, trial: SquadTrial) -> None:
         self.trial = trial
@@ -354,18 +354,6 @@ class RunLog(pytorch.PyTorchCallback):
         self.train_seconds = 0.0
         self.batches_timed = 0
         self._since: float | None = None
-        # What Determined's master stores per report (steps, end time, metrics), kept locally
-        # too, so scaling.py computes throughput the same way from a local run or a cluster's.
-        self.series: dict[str, list[dict[str, Any]]] = {"training": [], "validation": []}
-
-    def _report(self, group: str, metrics: dict[str, Any]) -> None:
-        values = {}
-        for key, value in metrics.items():
-            with contextlib.suppress(TypeError, ValueError):
-                values[key] = float(value)
-        self.series[group].append(
-            {"steps_completed": self.steps_completed, "end_time": time.time(), "metrics": values}
-        )
 
     def _pause(self) -> None:
         if self._since is not None:
@@ -391,16 +379,39 @@ class RunLog(pytorch.PyTorchCallback):
         if batch_metrics:
             self.last_train_loss = float(batch_metrics[-1]["loss"])
             self.batches_timed += len(batch_metrics)
-        self._report("training", avg_metrics)
 
     def on_validation_end(self, metrics: dict[str, Any]) -> None:
         self.validation = dict(metrics)
-        self._report("validation", metrics)
         self._since = time.perf_counter()
 
     def on_checkpoint_write_end(self, checkpoint_dir: str) -> None:
         self.checkpoint = str(checkpoint_dir)
         self._since = time.perf_counter()
+
+
+class MetricSeries(pytorch.PyTorchCallback):
+    """What Determined's master stores per report (steps, end time, metrics), kept locally when
+    asked for (train.py --metrics-out), so scaling.py computes throughput the same way from a
+    local run or a cluster's. Runs after RunLog, whose step count it uses."""
+
+    def __init__(self, run_log: RunLog) -> None:
+        self.run_log = run_log
+        self.series: dict[str, list[dict[str, Any]]] = {"training": [], "validation": []}
+
+    def _report(self, group: str, metrics: dict[str, Any]) -> None:
+        values = {}
+        for key, value in metrics.items():
+            with contextlib.suppress(TypeError, ValueError):
+                values[key] = float(value)
+        self.series[group].append(
+            {"steps_completed": self.run_log.steps_completed, "end_time": time.time(), "metrics": values}
+        )
+
+    def on_training_workload_end(self, avg_metrics: dict[str, Any], batch_metrics: Any) -> None:
+        self._report("training", avg_metrics)
+
+    def on_validation_end(self, metrics: dict[str, Any]) -> None:
+        self._report("validation", metrics)
 
 
 class HFExport(pytorch.PyTorchCallback):

@@ -251,6 +251,9 @@ def run(args: argparse.Namespace, trial_class: type | None = None) -> dict[str, 
         pytorch.init(**plan.init_kwargs(source.exp_conf), distributed=distributed) as context,
     ):
         trial = (trial_class or model_def.SquadTrial)(context)
+        series = None
+        if args.metrics_out and context.distributed.rank == 0:
+            series = trial.extra_callbacks["metric_series"] = model_def.MetricSeries(trial.run_log)
         if not source.on_cluster and context.distributed.rank == 0:
             trial.extra_callbacks["progress"] = local_progress(context, plan, trial.batches_per_epoch())
         trainer = pytorch.Trainer(trial, context)
@@ -261,7 +264,7 @@ def run(args: argparse.Namespace, trial_class: type | None = None) -> dict[str, 
             return None
         log = trial.run_log
         if args.metrics_out:
-            write_metrics(args.metrics_out, source.exp_conf, plan, context.distributed.size, log.series)
+            write_metrics(args.metrics_out, source.exp_conf, plan, context.distributed.size, series.series)
         return {
             **{k: float(v) for k, v in log.validation.items() if k not in ("batches", "epochs")},
             "checkpoint": log.checkpoint,

@@ -211,7 +211,9 @@ def test_run_log_counts_steps_before_the_first_batch() -> None:
 
     Trial.context._current_batch_idx = None  # what Determined's context holds before a batch
     log = model_def.RunLog(Trial())  # type: ignore[arg-type]
+    series = model_def.MetricSeries(log)
     log.on_trial_startup(12, "some-uuid")
     log.on_validation_end({"f1": 1.0})
+    series.on_validation_end({"f1": 1.0})
     log.on_checkpoint_save_start({})
-    assert log.steps_completed == 12 and log.series["validation"][0]["steps_completed"] == 12
+    assert log.steps_completed == 12 and series.series["validation"][0]["steps_completed"] == 12
