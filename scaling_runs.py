@@ -96,25 +96,11 @@ def run_local(series: Sequence[Variant], batches: int, out: Path) -> list[RunInp
         conf_path.parent.mkdir(parents=True, exist_ok=True)
         metrics.parent.mkdir(parents=True, exist_ok=True)
         conf_path.write_text(yaml.safe_dump(conf, sort_keys=False))
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            f"--nproc_per_node={v.slots}",
-            "--standalone",
-            str(ROOT / "train.py"),
-            "--config",
-            str(conf_path),
-            "--batches",
-            str(batches),
-            "--metrics-out",
-            str(metrics),
-            "--checkpoint-dir",
-            str(out / "checkpoints"),
-        ]
-        env = {k: val for k, val in os.environ.items() if k != "USE_TORCH_DISTRIBUTED"}
+        program = [str(ROOT / "train.py"), "--config", str(conf_path), "--batches", str(batches)]
+        program += ["--metrics-out", str(metrics), "--checkpoint-dir", str(out / "checkpoints")]
         # Each process gets its share of the cores, as each GPU is its own device on a cluster.
-        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // v.slots))
+        threads = str(max(1, (os.cpu_count() or 1) // v.slots))
+        cmd, env = torchrun(v.slots, program, OMP_NUM_THREADS=threads)
         print(f"{v.name}: torchrun x{v.slots}, {batches} batches ...", flush=True)
         log = out / "runs" / f"{stem}.log"
         with log.open("w") as f:
@@ -150,6 +136,21 @@ def run_local(series: Sequence[Variant], batches: int, out: Path) -> list[RunInp
             )
         )
     return runs
+
+
+def torchrun(nproc: int, program: Sequence[str], **env: str) -> tuple[list[str], dict[str, str]]:
+    """`torchrun --standalone --nproc_per_node=N PROGRAM...` and the environment to run it in.
+
+    --standalone: a local rendezvous on a port the OS picks (no fixed ports). The environment
+    drops USE_TORCH_DISTRIBUTED, Determined's switch for torch DDP, which its launcher
+    (determined/launch/torch_distributed.py:81) and train.join_process_group set in their own
+    process: inherited from a caller that ran a trial in-process (a test, a benchmark), it
+    would make every one of the new ranks expect a process group the launch has not made yet.
+    `env` adds or overrides variables.
+    """
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+    clean = {k: v for k, v in os.environ.items() if k != "USE_TORCH_DISTRIBUTED"}
+    return [*command, *program], {**clean, **env}
 
 
 def from_cluster(master: str, study: str) -> list[RunInputs]:

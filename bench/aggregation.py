@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -140,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     from common import tiny_validation_file
 
     import config
+    import scaling_runs
 
     conf = config.load_yaml(args.config)
     world, batch_size = 2, int(conf["hyperparameters"]["global_batch_size"]) // 2
@@ -150,24 +150,10 @@ def main(argv: list[str] | None = None) -> int:
         for f in frequencies:
             out = tmp / f"agg{f}.json"
             sets = [f"optimizations.aggregation_frequency={f}", f"data.validation_file={val}", *args.set]
-            cmd = [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--nproc_per_node=2",
-                "--standalone",
-                __file__,
-                "--worker",
-                "--config",
-                args.config,
-                "--batches",
-                str(args.batches),
-                "--checkpoint-dir",
-                str(tmp / f"ckpt{f}"),
-                "--out",
-                str(out),
-            ] + [x for s in sets for x in ("--set", s)]
-            env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+            program = [__file__, "--worker", "--config", args.config, "--batches", str(args.batches)]
+            program += ["--checkpoint-dir", str(tmp / f"ckpt{f}"), "--out", str(out)]
+            program += [x for s in sets for x in ("--set", s)]
+            cmd, env = scaling_runs.torchrun(2, program, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
             print(f"aggregation_frequency {f}: torchrun x2, {args.batches} batches ...", flush=True)
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
             if proc.returncode != 0:

@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 import det_cluster  # noqa: E402
 
 import config  # noqa: E402
+import scaling_runs  # noqa: E402
 
 
 def experiment(batches: int, cache: Path) -> tuple[dict, dict]:
@@ -48,14 +49,12 @@ def local_run(conf: dict, tmp: Path) -> tuple[float, dict]:
     tmp.mkdir(parents=True, exist_ok=True)
     path = tmp / "local.yaml"
     path.write_text(json.dumps(conf))
-    env = {k: v for k, v in os.environ.items() if k != "USE_TORCH_DISTRIBUTED"}
-    env.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    program = [str(ROOT / "train.py"), "--config", str(path), "--checkpoint-dir", str(tmp / "ckpt")]
+    cmd, env = scaling_runs.torchrun(
+        2, program, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false"
+    )
     start = time.perf_counter()
-    out = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-         str(ROOT / "train.py"), "--config", str(path), "--checkpoint-dir", str(tmp / "ckpt")],
-        capture_output=True, text=True, env=env, cwd=ROOT,
-    )  # fmt: skip
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
     seconds = time.perf_counter() - start
     if out.returncode != 0:
         raise SystemExit(f"local run failed:\n{out.stderr[-3000:]}")

@@ -215,7 +215,6 @@ def test_sdk_glue_with_recorded_objects(tmp_path: Path) -> None:
 def test_local_study_end_to_end(tiny_bert: Path, tmp_path: Path) -> None:
     path = write_yaml(tiny_config(tiny_bert, tmp_path), tmp_path / "exp.yaml")
     out_dir = tmp_path / "study"
-    env = {k: v for k, v in os.environ.items() if k != "USE_TORCH_DISTRIBUTED"}
     out = subprocess.run(
         [
             sys.executable,
@@ -234,7 +233,6 @@ def test_local_study_end_to_end(tiny_bert: Path, tmp_path: Path) -> None:
         ],
         capture_output=True,
         text=True,
-        env=env,
         timeout=600,
     )
     assert out.returncode == 0, out.stderr[-3000:]

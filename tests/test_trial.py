@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +13,6 @@ import torch
 from conftest import (
     DEV_V2,
     ROOT,
-    free_port,
     last_json,
     one_process_scores,
     run_train,
@@ -23,6 +21,7 @@ from conftest import (
 )
 
 import config
+import scaling_runs
 
 
 def _run(conf: dict, tmp: Path, *extra: str) -> tuple[int, dict | None, str]:
@@ -221,32 +220,31 @@ def test_every_yaml_passes_determineds_schema() -> None:
 def test_torchrun_two_processes_equals_one_process_evaluation(tiny_bert: Path, tmp_path: Path) -> None:
     conf = tiny_config(tiny_bert, tmp_path)
     path = write_yaml(conf, tmp_path / "exp.yaml")
-    env = {k: v for k, v in os.environ.items() if k not in ("USE_TORCH_DISTRIBUTED",)}
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node=2",
-            f"--master_port={free_port()}",
-            str(ROOT / "train.py"),
-            "--config",
-            str(path),
-            "--checkpoint-dir",
-            str(tmp_path / "ckpt"),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-        cwd=tmp_path,
-    )
+    program = [str(ROOT / "train.py"), "--config", str(path), "--checkpoint-dir", str(tmp_path / "ckpt")]
+    cmd, env = scaling_runs.torchrun(2, program)
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     result = last_json(out.stdout)
     assert result["steps_completed"] == 4
     # One process evaluating the same weights (predict.py + squad_metric.py) gets the same scores.
     single = one_process_scores(result["checkpoint"], conf["data"]["validation_file"], tmp_path)
     assert single["exact_match"] == result["exact_match"] and single["f1"] == result["f1"]
+
+
+def test_two_local_multi_process_runs_at_once_do_not_cross_talk(tiny_bert: Path, tmp_path: Path) -> None:
+    """Determined's DistributedContext defaults to fixed ports (12360...); two 2-process runs on
+    one machine used to collide ("got non-_HelloMessage"). Each run now picks free ports."""
+    runs = []
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        path = write_yaml(tiny_config(tiny_bert, tmp_path / name), tmp_path / name / "exp.yaml")
+        program = [str(ROOT / "train.py"), "--config", str(path), "--batches", "4"]
+        cmd, env = scaling_runs.torchrun(2, program + ["--checkpoint-dir", str(tmp_path / name / "ckpt")])
+        runs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
+    for run in runs:
+        out, err = run.communicate(timeout=600)
+        assert run.returncode == 0, err[-3000:]
+        assert last_json(out)["steps_completed"] == 4
 
 
 def test_set_overrides_parse_values() -> None:
@@ -266,7 +264,6 @@ def test_two_processes_all_reduce_only_on_optimizer_step_batches(tiny_bert: Path
     conf = tiny_config(tiny_bert, tmp_path)
     path = write_yaml(conf, tmp_path / "exp.yaml")
     report = tmp_path / "agg.json"
-    env = {k: v for k, v in os.environ.items() if k not in ("USE_TORCH_DISTRIBUTED",)}
     out = subprocess.run(
         [
             sys.executable,
@@ -282,7 +279,6 @@ def test_two_processes_all_reduce_only_on_optimizer_step_batches(tiny_bert: Path
         ],
         capture_output=True,
         text=True,
-        env=env,
         timeout=600,
     )
     assert out.returncode == 0, out.stderr[-3000:]
