@@ -346,6 +346,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         import progress
 
         progress.quiet_determined_log()  # the progress display says it; a cluster keeps it all
+        progress.hide_library_progress_bars()
     try:
         result = dry_run(args) if args.dry_run else run(args)
     except (config.ConfigError, data.DataError, det_internals.VersionError) as err:

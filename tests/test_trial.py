@@ -307,6 +307,7 @@ def test_local_run_shows_progress_not_determineds_log(tiny_bert: Path, tmp_path:
     )
     assert any(line.startswith("validation after batch 4: exact_match") for line in lines), out.stderr
     assert "report_progress" not in out.stderr and "upload_tensorboard_files" not in out.stderr
+    assert "Writing model shards" not in out.stderr  # transformers' own bars stay out of the way
 
 
 def test_progress_redraws_in_place_on_a_terminal() -> None:
