@@ -151,12 +151,3 @@ def one_process_scores(checkpoint: Path | str, squad_file: Path | str, tmp: Path
     preds = tmp / "one-process-predictions.json"
     run_cli(["predict.py", "--checkpoint", str(checkpoint), "--squad", str(squad_file), "--out", str(preds)])
     return run_cli(["squad_metric.py", str(squad_file), str(preds)])
-
-
-def free_port() -> int:
-    """A TCP port nothing listens on now (the OS picks it): no fixed ports in tests."""
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]

@@ -18,11 +18,17 @@ import data
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def loop_extract(examples, features, start_logits, end_logits, n_best=20, max_answer_length=30):
-    """The per-pair loop: every window, every (start, end) of its n_best candidates."""
+def windows_by_example(features: data.Features) -> dict[int, list[int]]:
+    """Example index -> its window rows, in feature order."""
     by_example: dict[int, list[int]] = {}
     for row, e in enumerate(features.example_index):
         by_example.setdefault(int(e), []).append(row)
+    return by_example
+
+
+def loop_extract(examples, features, start_logits, end_logits, n_best=20, max_answer_length=30):
+    """The per-pair loop: every window, every (start, end) of its n_best candidates."""
+    by_example = windows_by_example(features)
     answers = {}
     for e, ex in enumerate(examples):
         best, best_span = -np.inf, None
@@ -71,9 +77,7 @@ def trained_shaped(features: data.Features, logits: np.ndarray) -> np.ndarray:
 
 def standard_postprocess(examples, features, start_logits, end_logits, n_best=20, max_answer_length=30):
     """The transformers QA examples' post-processing (v1.1), returning id -> answer text."""
-    by_example: dict[int, list[int]] = {}
-    for row, e in enumerate(features.example_index):
-        by_example.setdefault(int(e), []).append(row)
+    by_example = windows_by_example(features)
     answers = {}
     for e, ex in enumerate(examples):
         candidates = []
