@@ -11,49 +11,172 @@ Either way `run_plan()` turns it into the arguments of `det.pytorch.init()` and
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import re
+import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
+
+from data import WindowSpec
+
+T = TypeVar("T")
 
 OPTIMIZERS = ("adamw", "radam", "lamb")
 PRECISIONS = ("fp32", "fp16", "bf16")
 
-HPARAM_DEFAULTS: dict[str, Any] = {
-    "global_batch_size": 12,
-    "learning_rate": 3e-5,
-    "weight_decay": 0.01,
-    "warmup_ratio": 0.1,
-    "adam_epsilon": 1e-6,
-    "max_grad_norm": 1.0,
-    "optimizer": "adamw",
-    "precision": "fp32",
-    "group_by_length": True,  # length-grouped batches, padded per batch (dynamic padding)
-    "pad_to_multiple_of": 8,
-    "attn_implementation": "sdpa",
-    "torch_compile": False,
-    "tf32": True,  # CUDA: fp32 matmuls on tensor cores (TF32 inputs, fp32 accumulate)
-}
-DATA_DEFAULTS: dict[str, Any] = {
-    "pretrained_model": "bert-base-uncased",
-    "squad_version": "1.1",
-    "cache_dir": None,
-    "max_seq_length": 384,
-    "doc_stride": 128,
-    "max_query_length": 64,
-    "n_best_size": 20,
-    "max_answer_length": 30,
-    "null_score_diff_threshold": 0.0,
-    "eval_batch_size": None,  # per slot; default 2x the per-slot training batch
-    "num_workers": 0,
-}
-
 
 class ConfigError(Exception):
     """A bad config: the message names the file / field and what to do."""
+
+
+# --------------------------------------------------------------------------------------------
+# Typed settings: the `hyperparameters:` and `data:` sections, each field with its help text.
+# --------------------------------------------------------------------------------------------
+
+
+def setting(default: Any = dataclasses.MISSING, help: str = "", **check: Any) -> Any:  # noqa: A002
+    """A settings field: its default, help text (train.py --settings prints it) and checks:
+    `choices`, `minimum` (inclusive), `below` (exclusive upper bound)."""
+    return dataclasses.field(default=default, metadata={"help": help, **check})
+
+
+@dataclass(frozen=True)
+class Hyperparameters:
+    """`hyperparameters:` (each a `{type: const, val: ...}` or a search space). The training
+    length, `train_length`, is read by training_length() and is not one of these fields."""
+
+    global_batch_size: int = setting(
+        12, "samples per batch over all slots; a multiple of resources.slots_per_trial", minimum=1
+    )
+    learning_rate: float = setting(3e-5, "peak learning rate, reached after the warm-up", minimum=0)
+    weight_decay: float = setting(0.01, "decoupled weight decay (not on biases / LayerNorm)", minimum=0)
+    warmup_ratio: float = setting(
+        0.1, "fraction of optimizer steps spent warming up linearly", minimum=0, below=1
+    )
+    adam_epsilon: float = setting(1e-6, "the optimizer's epsilon", minimum=0)
+    max_grad_norm: float = setting(1.0, "clip gradients to this global norm; 0 turns clipping off", minimum=0)
+    optimizer: str = setting(
+        "adamw", "adamw, radam (the write-up's choice for aggregation) or lamb", choices=OPTIMIZERS
+    )
+    precision: str = setting(
+        "fp32", "fp32, bf16 (autocast) or fp16 (autocast + loss scaling, CUDA only)", choices=PRECISIONS
+    )
+    group_by_length: bool = setting(
+        True, "length-grouped batches padded per batch (dynamic padding); false: pad to max_seq_length"
+    )
+    pad_to_multiple_of: int = setting(8, "round each batch's width up to a multiple of this", minimum=1)
+    attn_implementation: str = setting(
+        "sdpa", "transformers' attention: sdpa, eager, or flash_attention_2 where it is installed"
+    )
+    torch_compile: bool = setting(False, "torch.compile the model (recompiles for each padded width)")
+    tf32: bool = setting(True, "CUDA: fp32 matmuls on tensor cores (TF32 inputs, fp32 accumulate)")
+
+
+def _squad_version(value: Any) -> Any:
+    """YAML reads `2.0` and `1.1` as numbers; `2` is accepted as 2.0."""
+    text = str(value)
+    return {"1.1": "1.1", "2.0": "2.0", "2": "2.0"}.get(text, value)
+
+
+@dataclass(frozen=True)
+class DataSettings:
+    """`data:`: where SQuAD and the model come from, and how questions become windows."""
+
+    train_file: str = setting(help="a SQuAD JSON path or official URL (downloaded, SHA-256 checked)")
+    validation_file: str = setting(help="a SQuAD JSON path or official URL (downloaded, SHA-256 checked)")
+    pretrained_model: str = setting(
+        "bert-base-uncased", "a hub name, a local save_pretrained directory, or the embedded default's name"
+    )
+    squad_version: str = setting(
+        "1.1", "1.1, or 2.0 (with unanswerable questions)", choices=("1.1", "2.0"), parse=_squad_version
+    )
+    cache_dir: str | None = setting(None, "tokenized-feature cache; default: $SQUAD_DOWNLOAD_DIR/features")
+    max_seq_length: int = setting(
+        WindowSpec.max_seq_length, "tokens per window (question + context + special tokens)", minimum=1
+    )
+    doc_stride: int = setting(
+        WindowSpec.doc_stride, "tokens of overlap between a context's consecutive windows", minimum=1
+    )
+    max_query_length: int = setting(
+        WindowSpec.max_query_length, "questions are cut to this many tokens", minimum=1
+    )
+    n_best_size: int = setting(20, "start and end candidates per window in answer extraction", minimum=1)
+    max_answer_length: int = setting(30, "longest answer span in tokens", minimum=1)
+    null_score_diff_threshold: float = setting(
+        0.0, "v2.0: answer 'no answer' when its score beats the best span's by more than this"
+    )
+    eval_batch_size: int | None = setting(
+        None, "windows per evaluation batch per slot; default: twice the per-slot training batch", minimum=1
+    )
+    num_workers: int = setting(0, "DataLoader worker processes", minimum=0)
+
+    def eval_batch_size_per_slot(self, per_slot_batch_size: int) -> int:
+        """Windows per evaluation batch per slot: eval_batch_size, else twice the training batch."""
+        return self.eval_batch_size or 2 * per_slot_batch_size
+
+
+def _checked(field: dataclasses.Field, kind: Any, value: Any, where: str) -> Any:
+    """One field's value, parsed and checked against its type and metadata."""
+    meta = field.metadata
+    value = meta["parse"](value) if "parse" in meta else value
+    if value is None and type(None) in typing.get_args(kind):
+        return None
+    if "choices" in meta and value not in meta["choices"]:
+        raise ConfigError(f"{where}: {value!r} is not one of {', '.join(meta['choices'])}.")
+    base = next((t for t in (bool, int, float, str) if t is kind or t in typing.get_args(kind)), None)
+    if base is bool and not isinstance(value, bool):
+        raise ConfigError(f"{where}: expected true or false, got {value!r}.")
+    if base is int and (not isinstance(value, int) or isinstance(value, bool)):
+        raise ConfigError(f"{where}: expected an integer, got {value!r}.")
+    if base is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ConfigError(f"{where}: expected a number, got {value!r}.")
+        value = float(value)
+    if base is str and not isinstance(value, str):
+        raise ConfigError(f"{where}: expected a string, got {value!r}.")
+    if "minimum" in meta and value < meta["minimum"]:
+        raise ConfigError(f"{where}: must be >= {meta['minimum']}, got {value!r}.")
+    if "below" in meta and not value < meta["below"]:
+        raise ConfigError(f"{where}: must be < {meta['below']}, got {value!r}.")
+    return value
+
+
+def typed_settings(cls: type[T], values: dict[str, Any], section: str, also_known: tuple = ()) -> T:
+    """A section of the config as `cls` (Hyperparameters or DataSettings): unknown keys, missing
+    required fields and bad values raise ConfigError naming `section.field`. `also_known`: keys
+    the section may hold that are read elsewhere."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - set(fields) - set(also_known))
+    if unknown:
+        known = sorted([*fields, *also_known])
+        raise ConfigError(f"{section}: unknown {unknown} (a typo?); known: {', '.join(known)}.")
+    hints = typing.get_type_hints(cls)
+    out = {}
+    for name, field in fields.items():
+        where = f"{section}.{name}"
+        if name in values:
+            out[name] = _checked(field, hints[name], values[name], where)
+        elif field.default is dataclasses.MISSING:
+            raise ConfigError(f"{where} is missing: give {field.metadata['help']}.")
+    return cls(**out)
+
+
+def settings_help() -> list[tuple[str, Any, str]]:
+    """(field, default, help) for every setting, as train.py --settings prints them."""
+    rows = []
+    for section, cls in (("hyperparameters", Hyperparameters), ("data", DataSettings)):
+        for field in dataclasses.fields(cls):
+            default = "(required)" if field.default is dataclasses.MISSING else field.default
+            rows.append((f"{section}.{field.name}", default, field.metadata["help"]))
+    rows.insert(1, ("hyperparameters.train_length", "(required)", TRAIN_LENGTH_HELP))
+    return rows
+
+
+TRAIN_LENGTH_HELP = "{epochs: N} or {batches: N}; adaptive ASHA sets it with searcher.max_time instead"
 
 
 # --------------------------------------------------------------------------------------------
@@ -156,12 +279,13 @@ class Length:
     value: int
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunPlan:
     """Everything a run needs, derived from one experiment config."""
 
-    hparams: dict[str, Any]
-    data: dict[str, Any]
+    hparams: Hyperparameters
+    data: DataSettings
+    given_hparams: dict[str, Any]  # as the config holds them: what Determined's context returns
     length: Length
     aggregation_frequency: int
     average_aggregated_gradients: bool
@@ -176,7 +300,7 @@ class RunPlan:
 
     def init_kwargs(self, exp_conf: dict[str, Any]) -> dict[str, Any]:
         return {
-            "hparams": self.hparams,
+            "hparams": self.given_hparams,
             "exp_conf": exp_conf,
             "aggregation_frequency": self.aggregation_frequency,
         }
@@ -325,54 +449,20 @@ def collective_timeout(conf: dict[str, Any]) -> float | None:
     return seconds
 
 
-def eval_batch_size(data_cfg: dict[str, Any], per_slot_batch_size: int) -> int:
-    """Windows per evaluation batch per slot: data.eval_batch_size, else twice the training batch."""
-    return data_cfg["eval_batch_size"] or 2 * per_slot_batch_size
-
-
 def run_plan(conf: dict[str, Any], hparams: dict[str, Any], slots: int) -> RunPlan:
     """Check a config and turn it into a RunPlan. Raises ConfigError naming the field."""
-    unknown = set(hparams) - set(HPARAM_DEFAULTS) - {"train_length"}
-    if unknown:
+    hp = typed_settings(
+        Hyperparameters,
+        {k: v for k, v in hparams.items() if k != "train_length"},
+        "hyperparameters",
+        also_known=("train_length",),
+    )
+    data = typed_settings(DataSettings, conf.get("data") or {}, "data")
+    if hp.global_batch_size % slots:
         raise ConfigError(
-            f"hyperparameters: unknown {sorted(unknown)}; known: {sorted(HPARAM_DEFAULTS)} and train_length."
+            f"hyperparameters.global_batch_size={hp.global_batch_size} is not divisible by the "
+            f"{slots} slots (resources.slots_per_trial); use a multiple of {slots}."
         )
-    hp = {**HPARAM_DEFAULTS, **hparams}
-    data = {**DATA_DEFAULTS, **(conf.get("data") or {})}
-    for key in ("train_file", "validation_file"):
-        if not data.get(key):
-            raise ConfigError(f"data.{key} is missing: give a SQuAD JSON path or official URL.")
-    if hp["optimizer"] not in OPTIMIZERS:
-        raise ConfigError(
-            f"hyperparameters.optimizer: {hp['optimizer']!r} is not one of {', '.join(OPTIMIZERS)}."
-        )
-    if hp["precision"] not in PRECISIONS:
-        raise ConfigError(
-            f"hyperparameters.precision: {hp['precision']!r} is not one of {', '.join(PRECISIONS)}."
-        )
-    for key in ("group_by_length", "torch_compile", "tf32"):
-        if not isinstance(hp[key], bool):
-            raise ConfigError(f"hyperparameters.{key}: expected true or false, got {hp[key]!r}.")
-    gbs = hp["global_batch_size"]
-    if not isinstance(gbs, int) or gbs < 1:
-        raise ConfigError(f"hyperparameters.global_batch_size: expected a positive integer, got {gbs!r}.")
-    if gbs % slots:
-        raise ConfigError(
-            f"hyperparameters.global_batch_size={gbs} is not divisible by the {slots} slots "
-            f"(resources.slots_per_trial); use a multiple of {slots}."
-        )
-    for key in ("learning_rate", "weight_decay", "warmup_ratio", "adam_epsilon", "max_grad_norm"):
-        value = hp[key]
-        if not isinstance(value, (int, float)) or value < 0 or not math.isfinite(value):
-            raise ConfigError(f"hyperparameters.{key}: expected a number >= 0, got {value!r}.")
-    if not 0 <= hp["warmup_ratio"] < 1:
-        raise ConfigError("hyperparameters.warmup_ratio: must be in [0, 1).")
-    if str(data["squad_version"]) not in ("1.1", "2.0", "2"):
-        raise ConfigError(f"data.squad_version: {data['squad_version']!r} must be 1.1 or 2.0.")
-    data["squad_version"] = "2.0" if str(data["squad_version"]).startswith("2") else "1.1"
-    for key in ("max_seq_length", "doc_stride", "max_query_length", "n_best_size", "max_answer_length"):
-        if not isinstance(data[key], int) or data[key] < 1:
-            raise ConfigError(f"data.{key}: expected a positive integer, got {data[key]!r}.")
 
     opt = conf.get("optimizations") or {}
     agg = opt.get("aggregation_frequency", 1)
@@ -387,6 +477,7 @@ def run_plan(conf: dict[str, Any], hparams: dict[str, Any], slots: int) -> RunPl
     return RunPlan(
         hparams=hp,
         data=data,
+        given_hparams=dict(hparams),
         length=training_length(conf, hparams),
         aggregation_frequency=agg,
         average_aggregated_gradients=bool(opt.get("average_aggregated_gradients", True)),
@@ -437,7 +528,7 @@ def with_master_defaults(conf: dict[str, Any]) -> dict[str, Any]:
 
 def describe(plan: RunPlan, conf: dict[str, Any], slots: int) -> dict[str, Any]:
     """The run a cluster would execute, as train.py --dry-run prints it."""
-    gbs = plan.hparams["global_batch_size"]
+    gbs = plan.hparams.global_batch_size
     agg = plan.aggregation_frequency
 
     def period(length: Length | None) -> dict[str, int] | None:
@@ -461,13 +552,13 @@ def describe(plan: RunPlan, conf: dict[str, Any], slots: int) -> dict[str, Any]:
         "checkpoint_policy": plan.checkpoint_policy,
         "step_zero_validation": plan.step_zero_validation,
         "reporting_period_batches": plan.reporting_period,
-        "optimizer": plan.hparams["optimizer"],
-        "learning_rate": plan.hparams["learning_rate"],
-        "precision": plan.hparams["precision"],
+        "optimizer": plan.hparams.optimizer,
+        "learning_rate": plan.hparams.learning_rate,
+        "precision": plan.hparams.precision,
         "gradient_compression": plan.gradient_compression,
         "searcher": searcher.get("name"),
         "data": {
-            k: plan.data[k]
+            k: getattr(plan.data, k)
             for k in (
                 "pretrained_model",
                 "train_file",

@@ -290,6 +290,8 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
 
 @dataclass(frozen=True)
 class WindowSpec:
+    """How a question and its context become windows (the defaults are BERT's SQuAD recipe)."""
+
     max_seq_length: int = 384
     doc_stride: int = 128
     max_query_length: int = 64
@@ -789,9 +791,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--squad", required=True, help="SQuAD JSON path or URL")
     parser.add_argument("--tokenizer", required=True, help="hub name or local model directory")
     parser.add_argument("--split", required=True, choices=["train", "validation"])
-    parser.add_argument("--max-seq-length", type=int, default=384)
-    parser.add_argument("--doc-stride", type=int, default=128)
-    parser.add_argument("--max-query-length", type=int, default=64)
+    parser.add_argument("--max-seq-length", type=int, default=WindowSpec.max_seq_length)
+    parser.add_argument("--doc-stride", type=int, default=WindowSpec.doc_stride)
+    parser.add_argument("--max-query-length", type=int, default=WindowSpec.max_query_length)
     parser.add_argument("--cache-dir", type=Path, default=None)
     parser.add_argument("--no-cache", action="store_true", help="build in memory, write nothing")
     args = parser.parse_args(argv)

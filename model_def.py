@@ -60,7 +60,7 @@ class SquadEvaluator(pytorch.MetricReducer):
 # --------------------------------------------------------------------------------------------
 
 
-def build_optimizer(model: torch.nn.Module, hp: dict[str, Any], device: torch.device) -> Any:
+def build_optimizer(model: torch.nn.Module, hp: config.Hyperparameters, device: torch.device) -> Any:
     decay, no_decay = [], []
     for name, param in model.named_parameters():
         if not param.requires_grad:
@@ -70,14 +70,14 @@ def build_optimizer(model: torch.nn.Module, hp: dict[str, Any], device: torch.de
             no_decay if name.endswith("bias") or "LayerNorm" in name or "norm" in name.lower() else decay
         ).append(param)
     groups = [
-        {"params": decay, "weight_decay": hp["weight_decay"]},
+        {"params": decay, "weight_decay": hp.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
-    lr, eps = hp["learning_rate"], hp["adam_epsilon"]
-    if hp["optimizer"] == "adamw":
+    lr, eps = hp.learning_rate, hp.adam_epsilon
+    if hp.optimizer == "adamw":
         fused = device.type == "cuda"
         return torch.optim.AdamW(groups, lr=lr, eps=eps, fused=fused, foreach=None if fused else True)
-    if hp["optimizer"] == "radam":
+    if hp.optimizer == "radam":
         return torch.optim.RAdam(groups, lr=lr, eps=eps, decoupled_weight_decay=True, foreach=True)
     import torch_optimizer
 
@@ -106,9 +106,8 @@ class SquadTrial(pytorch.PyTorchTrial):
         self.extra_callbacks: dict[str, pytorch.PyTorchCallback] = {}
         conf = context.get_experiment_config()
         self.plan = config.run_plan(conf, context.get_hparams(), context.distributed.size)
-        self.hp, self.cfg = self.plan.hparams, self.plan.data
-        self.version_2 = self.cfg["squad_version"] == "2.0"
-        if self.hp["precision"] == "fp16" and context.device.type != "cuda":
+        self.version_2 = self.plan.data.squad_version == "2.0"
+        if self.plan.hparams.precision == "fp16" and context.device.type != "cuda":
             raise config.ConfigError(
                 "hyperparameters.precision: fp16 needs a CUDA GPU (use bf16 or fp32 on CPU)."
             )
@@ -120,13 +119,13 @@ class SquadTrial(pytorch.PyTorchTrial):
     def load_data(self) -> None:
         """SQuAD and its windowed features; the chief of each machine downloads and builds the
         caches, the other ranks wait on their locks."""
-        cfg, context = self.cfg, self.context
-        model_name = cfg["pretrained_model"]
+        settings, context = self.plan.data, self.context
+        model_name = settings.pretrained_model
         self.tokenizer = data.load_tokenizer(model_name)
-        self.spec = data.WindowSpec(cfg["max_seq_length"], cfg["doc_stride"], cfg["max_query_length"])
-        cache_dir = Path(cfg["cache_dir"]) if cfg["cache_dir"] else data.default_download_dir() / "features"
-        self.train_set = data.load_squad(cfg["train_file"], training=True)
-        self.val_set = data.load_squad(cfg["validation_file"], training=False)
+        self.spec = data.WindowSpec(settings.max_seq_length, settings.doc_stride, settings.max_query_length)
+        cache_dir = Path(settings.cache_dir or data.default_download_dir() / "features")
+        self.train_set = data.load_squad(settings.train_file, training=True)
+        self.val_set = data.load_squad(settings.validation_file, training=False)
         for name, squad in (("train_file", self.train_set), ("validation_file", self.val_set)):
             if squad.version == "2.0" and not self.version_2:
                 raise config.ConfigError(
@@ -149,8 +148,8 @@ class SquadTrial(pytorch.PyTorchTrial):
             "rank %d of %d: features train %s / validation %s in %s; aggregation_frequency=%d "
             "optimizer=%s gradient_compression=%s global_batch_size=%d",
             context.distributed.rank, context.distributed.size, train_cache, val_cache,
-            cache_dir.resolve(), self.plan.aggregation_frequency, self.hp["optimizer"],
-            self.plan.gradient_compression, self.hp["global_batch_size"],
+            cache_dir.resolve(), self.plan.aggregation_frequency, self.plan.hparams.optimizer,
+            self.plan.gradient_compression, self.plan.hparams.global_batch_size,
         )  # fmt: skip
 
     def build_model(self) -> torch.nn.Module:
@@ -158,24 +157,24 @@ class SquadTrial(pytorch.PyTorchTrial):
         returns the unwrapped model (the optimizer takes its parameters)."""
         from transformers import AutoModelForQuestionAnswering
 
-        hp, context, model_name = self.hp, self.context, self.cfg["pretrained_model"]
+        hp, context, model_name = self.plan.hparams, self.context, self.plan.data.pretrained_model
         if context.device.type == "cuda":
-            modeling.configure_cuda_math(hp["tf32"])
+            modeling.configure_cuda_math(hp.tf32)
         try:
             model = AutoModelForQuestionAnswering.from_pretrained(
-                data.resolve_pretrained(model_name), attn_implementation=hp["attn_implementation"]
+                data.resolve_pretrained(model_name), attn_implementation=hp.attn_implementation
             )
         except (OSError, ValueError) as err:
             raise config.ConfigError(
                 f"data.pretrained_model {model_name!r}: cannot load ({str(err).splitlines()[0]})"
             ) from None
-        self.autocast_dtype = modeling.autocast_dtype(hp["precision"])
+        self.autocast_dtype = modeling.autocast_dtype(hp.precision)
         self.scaler = None
-        if hp["precision"] == "fp16":
+        if hp.precision == "fp16":
             self.scaler = context.wrap_scaler(torch.amp.GradScaler("cuda"))
         self.accepted = modeling.forward_params(model)
         self.model = context.wrap_model(model)
-        if hp["torch_compile"]:
+        if hp.torch_compile:
             self.model = torch.compile(self.model)
         if self.plan.gradient_compression and isinstance(
             self.model, torch.nn.parallel.DistributedDataParallel
@@ -189,11 +188,11 @@ class SquadTrial(pytorch.PyTorchTrial):
         """Optimizer and linear warm-up / decay schedule, stepped once per optimizer step."""
         context = self.context
         self.optimizer = context.wrap_optimizer(
-            build_optimizer(model, self.hp, context.device),
+            build_optimizer(model, self.plan.hparams, context.device),
             average_aggregated_gradients=self.plan.average_aggregated_gradients,
         )
         total = self.total_optimizer_steps()
-        warmup = int(self.hp["warmup_ratio"] * total)
+        warmup = int(self.plan.hparams.warmup_ratio * total)
         self.total_steps, self.warmup_steps = total, warmup
         self.lr_scheduler = context.wrap_lr_scheduler(
             torch.optim.lr_scheduler.LambdaLR(self.optimizer, linear_warmup_decay(total, warmup)),
@@ -216,36 +215,35 @@ class SquadTrial(pytorch.PyTorchTrial):
             seed = self.context.get_trial_seed()  # on a cluster
         except det.errors.InternalException:
             seed = self.plan.seed  # local: reproducibility.experiment_seed
+        hp = self.plan.hparams
         sampler = FeatureBatchSampler(
             self.train_features.lengths,
             self.context.get_per_slot_batch_size(),
             shuffle=True,
-            group_by_length=self.hp["group_by_length"],
+            group_by_length=hp.group_by_length,
             seed=seed,
             ranks=self.context.distributed.size,
         )
-        collate = Collator(
-            self.train_features, self.hp["group_by_length"], self.hp["pad_to_multiple_of"], labels=True
-        )
+        collate = Collator(self.train_features, hp.group_by_length, hp.pad_to_multiple_of, labels=True)
         return pytorch.DataLoader(
             FeatureDataset(len(self.train_features)),
             batch_sampler=sampler,
             collate_fn=collate,
-            num_workers=self.cfg["num_workers"],
+            num_workers=self.plan.data.num_workers,
         )
 
     def eval_batch_size(self) -> int:
-        return config.eval_batch_size(self.cfg, self.context.get_per_slot_batch_size())
+        return self.plan.data.eval_batch_size_per_slot(self.context.get_per_slot_batch_size())
 
     def build_validation_data_loader(self) -> pytorch.DataLoader:
         sampler, collate = modeling.evaluation_batches(
-            self.val_features, self.eval_batch_size(), self.hp["pad_to_multiple_of"]
+            self.val_features, self.eval_batch_size(), self.plan.hparams.pad_to_multiple_of
         )
         return pytorch.DataLoader(
             FeatureDataset(len(self.val_features)),
             batch_sampler=sampler,
             collate_fn=collate,
-            num_workers=self.cfg["num_workers"],
+            num_workers=self.plan.data.num_workers,
         )
 
     def autocast(self) -> Any:
@@ -270,7 +268,7 @@ class SquadTrial(pytorch.PyTorchTrial):
             with self.autocast():
                 loss = self.model(**model_inputs(batch, self.accepted)).loss
             self.context.backward(self.scaler.scale(loss) if self.scaler else loss)
-        max_norm = self.hp["max_grad_norm"]
+        max_norm = self.plan.hparams.max_grad_norm
 
         def clip(params: Any) -> None:
             if self.scaler:
@@ -299,13 +297,13 @@ class SquadTrial(pytorch.PyTorchTrial):
             self.val_features,
             start,
             end,
-            n_best=self.cfg["n_best_size"],
-            max_answer_length=self.cfg["max_answer_length"],
+            n_best=self.plan.data.n_best_size,
+            max_answer_length=self.plan.data.max_answer_length,
             version_2=self.version_2,
-            null_score_diff_threshold=self.cfg["null_score_diff_threshold"],
+            null_score_diff_threshold=self.plan.data.null_score_diff_threshold,
         )
         self.last_predictions = answers.text
-        return squad_metric.score(self.val_set.examples, answers.text, self.cfg["squad_version"])
+        return squad_metric.score(self.val_set.examples, answers.text, self.plan.data.squad_version)
 
     def build_callbacks(self) -> dict[str, pytorch.PyTorchCallback]:
         callbacks: dict[str, pytorch.PyTorchCallback] = {"hf_export": HFExport(self), "run_log": self.run_log}
@@ -422,5 +420,5 @@ class HFExport(pytorch.PyTorchCallback):
 
     def on_checkpoint_write_end(self, checkpoint_dir: str) -> None:
         trial = self.trial
-        settings = modeling.QASettings.from_run(trial.cfg, trial.hp, trial.eval_batch_size())
+        settings = modeling.QASettings.from_run(trial.plan.data, trial.plan.hparams, trial.eval_batch_size())
         modeling.export_hf(trial.model, trial.tokenizer, settings, Path(checkpoint_dir))

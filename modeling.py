@@ -15,12 +15,15 @@ import json
 import math
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 import data
+
+if TYPE_CHECKING:
+    import config
 
 # --------------------------------------------------------------------------------------------
 # Batches: length-grouped (dynamic padding) and resumable.
@@ -216,11 +219,17 @@ class QASettings:
     pad_to_multiple_of: int
 
     @classmethod
-    def from_run(cls, data_cfg: dict[str, Any], hparams: dict[str, Any], eval_batch_size: int) -> QASettings:
-        """From a run's data settings and hyperparameters (config.run_plan's output)."""
+    def from_run(
+        cls, settings: config.DataSettings, hp: config.Hyperparameters, eval_batch_size: int
+    ) -> QASettings:
+        """From a run's typed data settings and hyperparameters (config.run_plan's output)."""
         fields = {f.name for f in dataclasses.fields(cls)}
-        values = {k: v for k, v in {**hparams, **data_cfg}.items() if k in fields}
-        return cls(**{**values, "eval_batch_size": eval_batch_size})
+        values = {
+            **dataclasses.asdict(hp),
+            **dataclasses.asdict(settings),
+            "eval_batch_size": eval_batch_size,
+        }
+        return cls(**{k: v for k, v in values.items() if k in fields})
 
     @property
     def window_spec(self) -> data.WindowSpec:

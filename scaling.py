@@ -81,7 +81,7 @@ def variants(
         )
     hparams = config.local_hparams(base)
     base_slots = config.slots_of(base)
-    global_batch = hparams.get("global_batch_size", config.HPARAM_DEFAULTS["global_batch_size"])
+    global_batch = hparams.get("global_batch_size", config.Hyperparameters().global_batch_size)
     if not isinstance(global_batch, int) or global_batch % base_slots:
         raise ScalingError(
             f"hyperparameters.global_batch_size ({global_batch!r}) must be a constant integer divisible "

@@ -43,13 +43,12 @@ def runs_from_sdk(sdk: Any, study: str) -> list[RunInputs]:
     runs = []
     for exp in sdk.list_experiments(labels=[f"study={study}"]):
         conf = exp.config or {}
-        hp = config.local_hparams(conf)
-        slots = config.slots_of(conf)
+        hp, defaults = config.local_hparams(conf), config.Hyperparameters()
         common = dict(
-            slots=slots,
-            global_batch_size=int(hp.get("global_batch_size", 0)),
+            slots=config.slots_of(conf),
+            global_batch_size=int(hp.get("global_batch_size", defaults.global_batch_size)),
             aggregation=int((conf.get("optimizations") or {}).get("aggregation_frequency", 1)),
-            optimizer=str(hp.get("optimizer", "adamw")),
+            optimizer=str(hp.get("optimizer", defaults.optimizer)),
         )
         trials = list(exp.list_trials())
         if not trials:

@@ -64,6 +64,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="print the run plan a cluster would execute for --config (one JSON object) and exit",
     )
     parser.add_argument(
+        "--settings",
+        action="store_true",
+        help="list every hyperparameters.* and data.* setting with its default and meaning, and exit",
+    )
+    parser.add_argument(
         "--metrics-out",
         type=Path,
         help="also write the run's metric reports (steps, end time, metrics) here as JSON",
@@ -307,7 +312,7 @@ def run(args: argparse.Namespace, trial_class: type | None = None) -> dict[str, 
             "stopped_by_searcher": log.stopped_by_searcher,
             "train_seconds": round(log.train_seconds, 2),
             "samples_per_s": round(
-                log.batches_timed * plan.hparams["global_batch_size"] / max(log.train_seconds, 1e-9), 2
+                log.batches_timed * plan.hparams.global_batch_size / max(log.train_seconds, 1e-9), 2
             ),
         }
 
@@ -318,7 +323,7 @@ def local_progress(context: Any, plan: config.RunPlan, batches_per_epoch: int) -
 
     unit = batches_per_epoch if plan.length.unit == "epochs" else 1
     total = plan.length.value * unit
-    return progress.Progress(context, total, batches_per_epoch, plan.hparams["global_batch_size"])
+    return progress.Progress(context, total, batches_per_epoch, plan.hparams.global_batch_size)
 
 
 def write_metrics(
@@ -328,16 +333,28 @@ def write_metrics(
         "name": exp_conf.get("name"),
         "state": "COMPLETED",
         "slots": slots,
-        "global_batch_size": plan.hparams["global_batch_size"],
+        "global_batch_size": plan.hparams.global_batch_size,
         "aggregation_frequency": plan.aggregation_frequency,
-        "optimizer": plan.hparams["optimizer"],
+        "optimizer": plan.hparams.optimizer,
         **series,
     }
     data.write_text_atomic(path, json.dumps(record, indent=1))
 
 
+def print_settings() -> None:
+    rows = [(name, json.dumps(default) if default != "(required)" else default, help_text)
+            for name, default, help_text in config.settings_help()]  # fmt: skip
+    width = max(len(name) for name, _, _ in rows)
+    dwidth = max(len(default) for _, default, _ in rows)
+    for name, default, help_text in rows:
+        print(f"{name:<{width}}  {default:<{dwidth}}  {help_text}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.settings:
+        print_settings()
+        return 0
     import determined
 
     # Determined's own format: the WebUI parses the level from it for its log-level filter.

@@ -61,7 +61,7 @@ def main() -> int:
     sampler = modeling.FeatureBatchSampler(
         features.lengths, args.batch_size, shuffle=True, group_by_length=True, seed=tp.SEED
     )
-    collate = modeling.Collator(features, True, hp["pad_to_multiple_of"], labels=True)
+    collate = modeling.Collator(features, True, hp.pad_to_multiple_of, labels=True)
     batches = [collate(ix.tolist()) for ix in sampler.batches(0)[: args.batches]]
     print(f"{torch.cuda.get_device_name()}; widths {[b['input_ids'].shape[1] for b in batches]}", flush=True)
 

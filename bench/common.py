@@ -66,7 +66,9 @@ def model_dir(kind: str, tmp: Path, tokenizer: Any) -> str:
 class Loop:
     """What SquadTrial.train_batch does, without Determined: forward, backward, clip, step."""
 
-    def __init__(self, model_path: str, rung: Rung, hp: dict[str, Any], total: int, device: torch.device):
+    def __init__(
+        self, model_path: str, rung: Rung, hp: config.Hyperparameters, total: int, device: torch.device
+    ) -> None:
         from transformers import AutoModelForQuestionAnswering
         from transformers.utils import logging as hf_logging
 
@@ -80,20 +82,20 @@ class Loop:
         if rung.optimizer == "plain":
             self.optimizer = torch.optim.AdamW(
                 model.parameters(),
-                lr=hp["learning_rate"],
-                eps=hp["adam_epsilon"],
-                weight_decay=hp["weight_decay"],
+                lr=hp.learning_rate,
+                eps=hp.adam_epsilon,
+                weight_decay=hp.weight_decay,
             )
         else:
             self.optimizer = model_def.build_optimizer(model, hp, device)
-        warmup = int(hp["warmup_ratio"] * total)
+        warmup = int(hp.warmup_ratio * total)
         self.schedule = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, model_def.linear_warmup_decay(total, warmup)
         )
         self.dtype = modeling.autocast_dtype(rung.precision)
         self.scaler = torch.amp.GradScaler("cuda") if rung.precision == "fp16" else None
         self.forward = torch.compile(self.model) if rung.compile else self.model
-        self.device, self.max_norm = device, hp["max_grad_norm"]
+        self.device, self.max_norm = device, hp.max_grad_norm
 
     def step(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         inputs = {

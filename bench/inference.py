@@ -49,14 +49,13 @@ def export_embedded(target: Path, conf_path: Path) -> Path:
 
     conf = config.load_yaml(conf_path)
     plan = config.run_plan(conf, config.local_hparams(conf), 1)
-    cfg = plan.data
     hf_logging.set_verbosity_error()  # the QA head is newly initialised; that is the point here
-    name = cfg["pretrained_model"]
+    name = plan.data.pretrained_model
     model = AutoModelForQuestionAnswering.from_pretrained(data.resolve_pretrained(name))
     model.save_pretrained(target, safe_serialization=True)
     data.load_tokenizer(name).save_pretrained(target)
-    per_slot = plan.hparams["global_batch_size"]  # one slot
-    modeling.QASettings.from_run(cfg, plan.hparams, config.eval_batch_size(cfg, per_slot)).save(target)
+    eval_batch = plan.data.eval_batch_size_per_slot(plan.hparams.global_batch_size)  # one slot
+    modeling.QASettings.from_run(plan.data, plan.hparams, eval_batch).save(target)
     return target
 
 
@@ -155,7 +154,7 @@ def shapes(models: dict[str, torch.nn.Module], args: argparse.Namespace, device:
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -174,61 +173,68 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.questions < 1 or args.single < 0 or args.length < 8:
         parser.error("--questions >= 1, --single >= 0, --length >= 8")
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
+    args.device = torch.device(args.device)
+    if args.device.type == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device here")
-    if "fp16" in (args.precisions or []) and device.type != "cuda":
+    if "fp16" in (args.precisions or []) and args.device.type != "cuda":
         parser.error("--precisions fp16 needs --device cuda")
+    return args
 
-    machine = (
-        torch.cuda.get_device_name(device)
-        if device.type == "cuda"
-        else (f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads")
+
+def machine_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
+
+
+def print_end_to_end(name: str, squad: str, report: dict[str, Any]) -> None:
+    b, one = report["batch"], report["single"]
+    print(f"end to end, {name}, {Path(squad).name}:")
+    print(
+        f"  batch  ({b['questions']} questions, {b['windows']} windows, batch {b['batch_size']}): "
+        f"{b['questions_per_s']} questions/s, {b['ms_per_question']} ms/question "
+        f"(features {b['share_features']:.0%}, model {b['share_model']:.0%}, "
+        f"extraction {b['share_extraction']:.0%})"
     )
-    result: dict[str, Any] = {
-        "device": machine,
-        "torch": torch.__version__,
-        "date": time.strftime("%Y-%m-%d"),
-    }
+    print(
+        f"  single ({one['questions']} calls): median {one['ms_median']} ms, p90 {one['ms_p90']} ms, "
+        f"{one['questions_per_s']} questions/s"
+    )
+
+
+def shape_models(predictor: predict.Predictor) -> dict[str, torch.nn.Module]:
+    """The checkpoint's model and a random-init BERT-base (NVIDIA's reference shape)."""
+    from transformers import BertConfig, BertForQuestionAnswering
+
+    torch.manual_seed(0)
+    bert_base = BertForQuestionAnswering(BertConfig(**BERT_BASE, attn_implementation="sdpa"))
+    return {predictor.settings.pretrained_model: predictor.model, "bert-base": bert_base}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    machine = machine_name(args.device)
+    result: dict[str, Any] = {"device": machine, "torch": torch.__version__}
+    result["date"] = time.strftime("%Y-%m-%d")
     print(f"device: {machine}")
     with tempfile.TemporaryDirectory() as tmp:
         try:
             checkpoint = args.checkpoint or str(export_embedded(Path(tmp), ROOT / "local.yaml"))
-            predictor = predict.Predictor(checkpoint, str(device))
+            predictor = predict.Predictor(checkpoint, str(args.device))
             squad = data.load_squad(args.squad, training=False)
         except (data.DataError, config.ConfigError) as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
-        name = predictor.settings.pretrained_model
-        result["model"] = name
+        result["model"] = predictor.settings.pretrained_model
         if not args.shapes_only:
-            examples = squad.examples[: args.questions]
-            result["end_to_end"] = end_to_end(predictor, examples, args.single)
-            b, one = result["end_to_end"]["batch"], result["end_to_end"]["single"]
-            print(f"end to end, {name}, {Path(args.squad).name}:")
-            print(
-                f"  batch  ({b['questions']} questions, {b['windows']} windows, batch {b['batch_size']}): "
-                f"{b['questions_per_s']} questions/s, {b['ms_per_question']} ms/question "
-                f"(features {b['share_features']:.0%}, model {b['share_model']:.0%}, "
-                f"extraction {b['share_extraction']:.0%})"
-            )
-            print(
-                f"  single ({one['questions']} calls): median {one['ms_median']} ms, p90 {one['ms_p90']} ms, "
-                f"{one['questions_per_s']} questions/s"
-            )
+            result["end_to_end"] = end_to_end(predictor, squad.examples[: args.questions], args.single)
+            print_end_to_end(result["model"], args.squad, result["end_to_end"])
         if not args.no_shapes:
-            from transformers import BertConfig, BertForQuestionAnswering
-
-            torch.manual_seed(0)
-            models = {
-                name: predictor.model,
-                "bert-base": BertForQuestionAnswering(BertConfig(**BERT_BASE, attn_implementation="sdpa")),
-            }
             print(
                 f"forward only, {args.length} tokens "
                 f"(NVIDIA, BERT-base on one V100: {NVIDIA_V100_SEQ_PER_S} seq/s):"
             )
-            result["shapes"] = shapes(models, args, device)
+            result["shapes"] = shapes(shape_models(predictor), args, args.device)
     if args.json:
         data.write_text_atomic(args.json, json.dumps(result))
     print(json.dumps(result))

@@ -139,7 +139,7 @@ class Setup:
     tmp: Path
     model_path: str
     conf_path: Path
-    hp: dict[str, Any]
+    hp: config.Hyperparameters
     features: data.Features
 
     @classmethod
@@ -150,7 +150,7 @@ class Setup:
         conf = config.load_yaml(conf_path)
         plan = config.run_plan(conf, config.local_hparams(conf), 1)
         squad = data.load_squad(args.train_file, training=True)
-        spec = data.WindowSpec(args.max_seq_length, args.doc_stride, plan.data["max_query_length"])
+        spec = data.WindowSpec(args.max_seq_length, args.doc_stride, plan.data.max_query_length)
         features = data.build_features(squad.examples, tokenizer, spec, labels=True, offsets=False)
         return cls(args, tmp, model_path, conf_path, plan.hparams, features)
 
@@ -196,11 +196,11 @@ def harness_overhead(setup: Setup, table: Table) -> dict[str, Any]:
     """1. The trial through Determined's local Trainer vs the bare loop, on the same batches."""
     args, hp, features = setup.args, setup.hp, setup.features
     sampler = modeling.FeatureBatchSampler(
-        features.lengths, args.batch_size, shuffle=True, group_by_length=hp["group_by_length"], seed=SEED
+        features.lengths, args.batch_size, shuffle=True, group_by_length=hp.group_by_length, seed=SEED
     )
-    collate = modeling.Collator(features, hp["group_by_length"], hp["pad_to_multiple_of"], labels=True)
+    collate = modeling.Collator(features, hp.group_by_length, hp.pad_to_multiple_of, labels=True)
     trial_batches = [collate(ix.tolist()) for ix in sampler.batches(0)[: args.batches]]
-    fast = Rung("fast", False, hp["attn_implementation"], "trial", args.precision, args.compile, hp["tf32"])
+    fast = Rung("fast", False, hp.attn_implementation, "trial", args.precision, args.compile, hp.tf32)
     print(
         f"harness: {args.batches} batches of {args.batch_size}, trial (Determined local Trainer) "
         "vs bare loop, same batches",
@@ -248,7 +248,7 @@ def harness_overhead(setup: Setup, table: Table) -> dict[str, Any]:
     }
 
 
-def fast_path_rungs(args: argparse.Namespace, hp: dict[str, Any]) -> list[Rung]:
+def fast_path_rungs(args: argparse.Namespace, hp: config.Hyperparameters) -> list[Rung]:
     """The standard recipe, then one switch at a time up to the trial's defaults (+ compile)."""
     rungs = [
         Rung("standard recipe (pad to max, eager, AdamW, fp32)", True, "eager", "plain", "fp32"),
@@ -256,7 +256,7 @@ def fast_path_rungs(args: argparse.Namespace, hp: dict[str, Any]) -> list[Rung]:
         Rung("+ SDPA attention", False, "sdpa", "plain", "fp32"),
     ]
     cuda = args.device.type == "cuda"
-    tf32 = cuda and hp["tf32"]
+    tf32 = cuda and hp.tf32
     if cuda:
         rungs.append(Rung("+ fused AdamW", False, "sdpa", "trial", "fp32"))
     if tf32:
@@ -292,7 +292,7 @@ def ladder(setup: Setup, table: Table) -> dict[str, Any]:
             group_by_length=not rung.padded,
             seed=SEED,
         )
-        collate = modeling.Collator(features, not rung.padded, hp["pad_to_multiple_of"], labels=True)
+        collate = modeling.Collator(features, not rung.padded, hp.pad_to_multiple_of, labels=True)
         batches = [collate(sample[ix].tolist()) for ix in sampler.batches(0)]
         loop = Loop(setup.model_path, rung, hp, len(batches), device)
         if device.type == "cuda":

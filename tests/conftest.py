@@ -111,6 +111,19 @@ def write_yaml(conf: dict[str, Any], path: Path) -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def trained(tiny_bert: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    """A checkpoint of a 6-batch run of tiny_config, and that run's result."""
+    tmp = tmp_path_factory.mktemp("trained")
+    conf = tiny_config(tiny_bert, tmp)
+    path = write_yaml(conf, tmp / "exp.yaml")
+    code, result, err = run_train(
+        ["--config", str(path), "--checkpoint-dir", str(tmp / "ckpt"), "--batches", "6"]
+    )
+    assert code == 0, err
+    return Path(result["checkpoint"]), result
+
+
 def run_train(args: list[str]) -> tuple[int, dict[str, Any] | None, str]:
     """train.main in this process: (exit code, last stdout JSON, stderr)."""
     import train

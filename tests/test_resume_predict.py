@@ -54,18 +54,6 @@ def test_resume_rejects_a_foreign_directory(tiny_bert: Path, tmp_path: Path) -> 
     assert code == 2 and "not a checkpoint written by train.py" in err
 
 
-@pytest.fixture(scope="module")
-def trained(tiny_bert: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
-    tmp = tmp_path_factory.mktemp("trained")
-    conf = tiny_config(tiny_bert, tmp)
-    path = write_yaml(conf, tmp / "exp.yaml")
-    code, result, err = run_train(
-        ["--config", str(path), "--checkpoint-dir", str(tmp / "ckpt"), "--batches", "6"]
-    )
-    assert code == 0, err
-    return Path(result["checkpoint"]), result
-
-
 def _predict(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, str(ROOT / "predict.py"), *args], capture_output=True, text=True, timeout=300
@@ -136,44 +124,6 @@ def test_predict_errors(args: list[str], message: str, trained, tmp_path: Path) 
     out = _predict(*args)
     assert out.returncode == 2 and message in out.stderr, out.stderr
     assert "Traceback" not in out.stderr
-
-
-def test_inference_benchmark_runs_predicts_path_and_reports(trained, tmp_path: Path) -> None:
-    ckpt, _ = trained
-    out_json = tmp_path / "inference.json"
-    out = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "bench" / "inference.py"),
-            "--checkpoint",
-            str(ckpt),
-            "--questions",
-            "40",
-            "--single",
-            "3",
-            "--length",
-            "64",
-            "--shape-batches",
-            "2",
-            "--min-seconds",
-            "0.05",
-            "--json",
-            str(out_json),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert out.returncode == 0, out.stderr
-    report = json.loads(out_json.read_text())
-    batch, single = report["end_to_end"]["batch"], report["end_to_end"]["single"]
-    assert batch["questions"] == 40 and batch["windows"] >= 40 and single["questions"] == 3
-    assert batch["questions_per_s"] > 0 and single["ms_median"] > 0
-    shares = batch["share_features"] + batch["share_model"] + batch["share_extraction"]
-    assert shares == pytest.approx(1, abs=0.01)
-    assert {(r["model"], r["batch"], r["length"]) for r in report["shapes"]} == {
-        (str(ckpt_model), 2, 64) for ckpt_model in (report["model"], "bert-base")
-    }
 
 
 @pytest.mark.parametrize("damage", ["truncated_state", "missing_metadata"])
