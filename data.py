@@ -169,27 +169,11 @@ def load_squad(source: str | os.PathLike, *, training: bool, download_dir: Path 
     """
     path = resolve_source(source, download_dir)
     raw = path.read_bytes()
-    if not raw.strip():
-        raise DataError(f"{path}: file is empty; expected SQuAD JSON with a 'data' list.")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise DataError(
-            f"{path}: not UTF-8 (bad byte at offset {err.start}); SQuAD files are UTF-8 JSON."
-        ) from None
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise DataError(
-            f"{path}: invalid or truncated JSON at line {err.lineno} column {err.colno}: {err.msg}."
-        ) from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("data"), list):
-        raise DataError(f"{path}: no top-level 'data' list; is this a SQuAD file?")
-
+    doc = _read_json(path, raw)
     examples: list[Example] = []
     skipped: list[str] = []
     seen: set[str] = set()
-    has_impossible = False
+    has_impossible = False  # any question so far carries is_impossible: a v2.0 file
     for a, article in enumerate(doc["data"]):
         title = article.get("title", "?") if isinstance(article, dict) else "?"
         paragraphs = article.get("paragraphs") if isinstance(article, dict) else None
@@ -207,40 +191,68 @@ def load_squad(source: str | os.PathLike, *, training: bool, download_dir: Path 
                 qid = qa.get("id") if isinstance(qa, dict) else None
                 if not isinstance(qid, str) or not qid:
                     raise DataError(f"{where} question {q}: missing 'id'.")
-                place = f"{where} question id {qid}"
                 if qid in seen:
-                    raise DataError(f"{place}: duplicate question id; ids must be unique.")
+                    raise DataError(f"{where} question id {qid}: duplicate question id; ids must be unique.")
                 seen.add(qid)
-                question = qa.get("question")
-                if not isinstance(question, str) or not question.strip():
-                    raise DataError(f"{place}: missing or empty 'question'.")
-                impossible = bool(qa.get("is_impossible", False))
                 has_impossible |= "is_impossible" in qa
-                answers = qa.get("answers")
-                if not isinstance(answers, list):
-                    raise DataError(f"{place}: missing 'answers' list.")
-                for ans in answers:
-                    if not isinstance(ans, dict) or not isinstance(ans.get("text"), str):
-                        raise DataError(f"{place}: each answer needs 'text' and 'answer_start'.")
-                    start = ans.get("answer_start")
-                    if not isinstance(start, int) or not 0 <= start < len(context):
-                        raise DataError(
-                            f"{place}: answer_start {start!r} is outside the context (length {len(context)})."
-                        )
-                if not impossible and not answers and not has_impossible:
-                    raise DataError(f"{place}: no answers and not marked is_impossible (v1.1 needs answers).")
-                example = Example(qid, question, context, answers, impossible or not answers)
-                if training and not example.is_impossible:
-                    first = answers[0]
-                    s = first["answer_start"]
-                    if context[s : s + len(first["text"])] != first["text"]:
-                        skipped.append(qid)
-                        continue
+                example = _question(qa, context, f"{where} question id {qid}", has_impossible)
+                if training and not example.is_impossible and not _answer_is_where_it_says(example):
+                    skipped.append(qid)
+                    continue
                 examples.append(example)
     if not examples:
         raise DataError(f"{path}: no questions found.")
     version = "2.0" if has_impossible or str(doc.get("version", "")).startswith("v2") else "1.1"
     return SquadSet(path, version, examples, hashlib.sha256(raw).hexdigest(), skipped)
+
+
+def _read_json(path: Path, raw: bytes) -> dict[str, Any]:
+    """The file's JSON document, with a clear error for empty, non-UTF-8 or truncated files."""
+    if not raw.strip():
+        raise DataError(f"{path}: file is empty; expected SQuAD JSON with a 'data' list.")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise DataError(
+            f"{path}: not UTF-8 (bad byte at offset {err.start}); SQuAD files are UTF-8 JSON."
+        ) from None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise DataError(
+            f"{path}: invalid or truncated JSON at line {err.lineno} column {err.colno}: {err.msg}."
+        ) from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("data"), list):
+        raise DataError(f"{path}: no top-level 'data' list; is this a SQuAD file?")
+    return doc
+
+
+def _question(qa: dict[str, Any], context: str, place: str, v2_file: bool) -> Example:
+    """One checked question. No answers is allowed only where the file is v2.0 (`v2_file`)."""
+    question = qa.get("question")
+    if not isinstance(question, str) or not question.strip():
+        raise DataError(f"{place}: missing or empty 'question'.")
+    impossible = bool(qa.get("is_impossible", False))
+    answers = qa.get("answers")
+    if not isinstance(answers, list):
+        raise DataError(f"{place}: missing 'answers' list.")
+    for ans in answers:
+        if not isinstance(ans, dict) or not isinstance(ans.get("text"), str):
+            raise DataError(f"{place}: each answer needs 'text' and 'answer_start'.")
+        start = ans.get("answer_start")
+        if not isinstance(start, int) or not 0 <= start < len(context):
+            raise DataError(
+                f"{place}: answer_start {start!r} is outside the context (length {len(context)})."
+            )
+    if not impossible and not answers and not v2_file:
+        raise DataError(f"{place}: no answers and not marked is_impossible (v1.1 needs answers).")
+    return Example(qa["id"], question, context, answers, impossible or not answers)
+
+
+def _answer_is_where_it_says(example: Example) -> bool:
+    first = example.answers[0]
+    start = first["answer_start"]
+    return example.context[start : start + len(first["text"])] == first["text"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -412,71 +424,116 @@ def build_features(
     """
     template = _Template(tokenizer)
     spec.check(template.specials)
-    L = spec.max_seq_length
     q_ids = _tokenize_questions(examples, template.backend, spec.max_query_length)
     example_context, c_ids, c_starts, c_ends = _tokenize_contexts(examples, template.backend, progress)
-
-    # Pass 1: window start tokens per example, so the arrays are allocated once.
-    head_len = [len(template.prefix) + len(q) + len(template.middle) for q in q_ids]
-    windows: list[list[int]] = []
-    for i in range(len(examples)):
-        budget = L - head_len[i] - len(template.suffix)
-        windows.append(window_starts(len(c_ids[example_context[i]]), budget, spec.doc_stride))
-    n_features = sum(len(w) for w in windows)
-
-    input_ids = np.full((n_features, L), template.pad_id, dtype=np.int32)
-    lengths = np.empty(n_features, dtype=np.int32)
-    example_index = np.empty(n_features, dtype=np.int32)
-    types = np.zeros((n_features, L), dtype=np.int8) if template.uses_token_types else None
-    start_pos = np.empty(n_features, dtype=np.int32) if labels else None
-    end_pos = np.empty(n_features, dtype=np.int32) if labels else None
-    offs = np.full((n_features, L, 2), -1, dtype=np.int32) if offsets else None
-    suffix = np.asarray(template.suffix, dtype=np.int32)
-
+    heads = [np.asarray(template.prefix + q + template.middle, dtype=np.int32) for q in q_ids]
+    # Window starts for every example first, so the arrays are allocated once.
+    budgets = [spec.max_seq_length - len(head) - len(template.suffix) for head in heads]
+    windows = [
+        window_starts(len(c_ids[c]), budget, spec.doc_stride)
+        for c, budget in zip(example_context, budgets, strict=True)
+    ]
+    out = _allocate(sum(len(w) for w in windows), spec.max_seq_length, template, labels, offsets)
     row = 0
     bar = _progress(len(examples), "cutting windows", progress)
-    for i, ex in enumerate(examples):
+    for i, example in enumerate(examples):
         c = example_context[i]
-        ids, starts, ends = c_ids[c], c_starts[c], c_ends[c]
-        head = np.asarray(template.prefix + q_ids[i] + template.middle, dtype=np.int32)
-        h = len(head)
-        budget = L - h - len(suffix)
-        if labels and not ex.is_impossible:
-            s_char = ex.answers[0]["answer_start"]
-            e_char = s_char + len(ex.answers[0]["text"])
-            # Last token starting at or before the answer; first token ending at or after it.
-            s_tok = int(np.searchsorted(starts, s_char, side="right")) - 1
-            e_tok = int(np.searchsorted(ends, e_char, side="left"))
-        for ws in windows[i]:
-            we = min(ws + budget, len(ids))
-            n = we - ws
-            input_ids[row, :h] = head
-            input_ids[row, h : h + n] = ids[ws:we]
-            input_ids[row, h + n : h + n + len(suffix)] = suffix
-            lengths[row] = h + n + len(suffix)
-            example_index[row] = i
-            if types is not None:
-                q0, q1 = len(template.prefix), len(template.prefix) + len(q_ids[i])
-                types[row, :q0] = template.prefix_type
-                types[row, q0:q1] = template.q_type
-                types[row, q1:h] = template.middle_type
-                types[row, h : h + n] = template.c_type
-                types[row, h + n : lengths[row]] = template.suffix_type
-            if offs is not None:
-                offs[row, h : h + n, 0] = starts[ws:we]
-                offs[row, h : h + n, 1] = ends[ws:we]
-            if labels:
-                inside = not ex.is_impossible and n > 0 and starts[ws] <= s_char and ends[we - 1] >= e_char
-                if inside:
-                    start_pos[row] = h + min(s_tok, we - 1) - ws
-                    end_pos[row] = h + max(e_tok, ws) - ws
-                else:
-                    start_pos[row] = end_pos[row] = template.cls_index
+        context = (c_ids[c], c_starts[c], c_ends[c])
+        answer = _answer_span(example, c_starts[c], c_ends[c]) if labels else None
+        for start in windows[i]:
+            window = _Window(row, i, heads[i], len(q_ids[i]), start, budgets[i])
+            _write_window(out, template, window, context, answer)
             row += 1
         if (i + 1) % 4096 == 0 or i + 1 == len(examples):
             bar.update((i % 4096) + 1)
     bar.close()
-    return Features(input_ids, lengths, example_index, types, start_pos, end_pos, offs, template.cls_index)
+    return out
+
+
+def _allocate(n_features: int, max_len: int, template: _Template, labels: bool, offsets: bool) -> Features:
+    """Empty feature arrays: ids padded, offsets -1 (outside the context) until written."""
+    return Features(
+        input_ids=np.full((n_features, max_len), template.pad_id, dtype=np.int32),
+        lengths=np.empty(n_features, dtype=np.int32),
+        example_index=np.empty(n_features, dtype=np.int32),
+        token_type_ids=np.zeros((n_features, max_len), dtype=np.int8) if template.uses_token_types else None,
+        start_positions=np.empty(n_features, dtype=np.int32) if labels else None,
+        end_positions=np.empty(n_features, dtype=np.int32) if labels else None,
+        offsets=np.full((n_features, max_len, 2), -1, dtype=np.int32) if offsets else None,
+        cls_index=template.cls_index,
+    )
+
+
+@dataclass(frozen=True)
+class _AnswerSpan:
+    start_char: int
+    end_char: int
+    start_token: int  # last context token starting at or before the answer
+    end_token: int  # first context token ending at or after it
+
+
+def _answer_span(example: Example, starts: np.ndarray, ends: np.ndarray) -> _AnswerSpan | None:
+    """The first answer's characters and tokens in its context; None if unanswerable."""
+    if example.is_impossible:
+        return None
+    start_char = example.answers[0]["answer_start"]
+    end_char = start_char + len(example.answers[0]["text"])
+    start_token = int(np.searchsorted(starts, start_char, side="right")) - 1
+    end_token = int(np.searchsorted(ends, end_char, side="left"))
+    return _AnswerSpan(start_char, end_char, start_token, end_token)
+
+
+@dataclass(slots=True)  # one per window: a plain slotted record is the cheapest to build
+class _Window:
+    row: int  # feature row to write
+    example: int
+    head: np.ndarray  # prefix + question + middle tokens
+    question_len: int
+    start: int  # first context token
+    budget: int  # context tokens that fit
+
+
+def _write_window(
+    out: Features,
+    template: _Template,
+    window: _Window,
+    context: tuple[np.ndarray, np.ndarray, np.ndarray],
+    answer: _AnswerSpan | None,
+) -> None:
+    """One feature row: [head | context[start:start+budget] | suffix], its types, offsets, labels."""
+    ids, starts, ends = context
+    row, head, ws = window.row, window.head, window.start
+    we = min(ws + window.budget, len(ids))
+    h, n, s = len(head), we - ws, len(template.suffix)
+    out.input_ids[row, :h] = head
+    out.input_ids[row, h : h + n] = ids[ws:we]
+    out.input_ids[row, h + n : h + n + s] = template.suffix
+    out.lengths[row] = h + n + s
+    out.example_index[row] = window.example
+    if out.token_type_ids is not None:
+        types = out.token_type_ids[row]
+        q0 = len(template.prefix)
+        q1 = q0 + window.question_len
+        types[:q0] = template.prefix_type
+        types[q0:q1] = template.q_type
+        types[q1:h] = template.middle_type
+        types[h : h + n] = template.c_type
+        types[h + n : h + n + s] = template.suffix_type
+    if out.offsets is not None:
+        out.offsets[row, h : h + n, 0] = starts[ws:we]
+        out.offsets[row, h : h + n, 1] = ends[ws:we]
+    if out.start_positions is not None:
+        inside = (  # the whole answer lies in this window's context
+            answer is not None
+            and n > 0
+            and starts[ws] <= answer.start_char
+            and ends[we - 1] >= answer.end_char
+        )
+        if inside:
+            out.start_positions[row] = h + min(answer.start_token, we - 1) - ws
+            out.end_positions[row] = h + max(answer.end_token, ws) - ws
+        else:
+            out.start_positions[row] = out.end_positions[row] = template.cls_index
 
 
 def _progress(total: int, desc: str, enabled: bool) -> Any:
