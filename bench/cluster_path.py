@@ -29,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 import det_cluster  # noqa: E402
+from cli_result import last_json  # noqa: E402
 
 import config  # noqa: E402
 import scaling_runs  # noqa: E402
@@ -58,7 +59,7 @@ def local_run(conf: dict, tmp: Path) -> tuple[float, dict]:
     seconds = time.perf_counter() - start
     if out.returncode != 0:
         raise SystemExit(f"local run failed:\n{out.stderr[-3000:]}")
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result = last_json(out.stdout)
     return seconds, {"exact_match": result["exact_match"], "f1": result["f1"]}
 
 

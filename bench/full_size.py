@@ -19,11 +19,13 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from cli_result import last_json  # noqa: E402
 
 
-def last_json(cmd: list[str]) -> dict:
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    return json.loads(out.splitlines()[-1])
+def run_json(cmd: list[str]) -> dict:
+    return last_json(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
 
 
 def main() -> None:
@@ -54,9 +56,9 @@ def main() -> None:
             "--cache-dir",
             str(Path(tmp) / "cache"),
         ]
-        build = last_json(cmd)
+        build = run_json(cmd)
         peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-        hit = last_json(cmd)
+        hit = run_json(cmd)
         # The cache load alone (what a rank does once the cache exists): open the memmaps.
         sys.path.insert(0, str(ROOT))
         import data

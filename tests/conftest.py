@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
+from cli_result import last_json  # noqa: F401 -- the tests import it from here
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -150,13 +151,6 @@ def run_cli(args: list[str], cwd: Path | None = None) -> dict[str, Any]:
     )
     assert out.returncode == 0, f"{args[0]} exited {out.returncode}: {out.stderr[-3000:]}"
     return last_json(out.stdout)
-
-
-def last_json(stdout: str) -> dict[str, Any]:
-    """The project's CLIs print their result as one JSON object on the last stdout line."""
-    lines = [line for line in stdout.splitlines() if line.strip()]
-    assert lines, "no output"
-    return json.loads(lines[-1])
 
 
 def one_process_scores(checkpoint: Path | str, squad_file: Path | str, tmp: Path) -> dict[str, Any]:
