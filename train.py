@@ -24,12 +24,15 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import compat
 import config
 import data
 import det_internals
+
+if TYPE_CHECKING:
+    import model_def
 
 ROOT = Path(__file__).resolve().parent
 
@@ -301,20 +304,22 @@ def run(args: argparse.Namespace, trial_class: type | None = None) -> dict[str, 
             trainer.fit(**plan.fit_kwargs(source.latest_checkpoint))
         if context.distributed.rank != 0:
             return None
-        log = trial.run_log
         if args.metrics_out:
             write_metrics(args.metrics_out, source.exp_conf, plan, context.distributed.size, series.series)
-        return {
-            **{k: float(v) for k, v in log.validation.items() if k not in ("batches", "epochs")},
-            "checkpoint": log.checkpoint,
-            "steps_completed": log.steps_completed,
-            "last_train_loss": log.last_train_loss,
-            "stopped_by_searcher": log.stopped_by_searcher,
-            "train_seconds": round(log.train_seconds, 2),
-            "samples_per_s": round(
-                log.batches_timed * plan.hparams.global_batch_size / max(log.train_seconds, 1e-9), 2
-            ),
-        }
+        return final_result(trial.run_log, plan.hparams.global_batch_size)
+
+
+def final_result(log: model_def.RunLog, global_batch_size: int) -> dict[str, Any]:
+    """The last stdout line: final validation metrics, checkpoint, steps, loss, throughput."""
+    return {
+        **{k: float(v) for k, v in log.validation.items() if k not in ("batches", "epochs")},
+        "checkpoint": log.checkpoint,
+        "steps_completed": log.steps_completed,
+        "last_train_loss": log.last_train_loss,
+        "stopped_by_searcher": log.stopped_by_searcher,
+        "train_seconds": round(log.train_seconds, 2),
+        "samples_per_s": round(log.batches_timed * global_batch_size / max(log.train_seconds, 1e-9), 2),
+    }
 
 
 def local_progress(context: Any, plan: config.RunPlan, batches_per_epoch: int) -> Any:
