@@ -73,6 +73,7 @@ class Loop:
         from transformers.utils import logging as hf_logging
 
         hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()  # a 'Loading weights' bar per rung between the table rows
         train.seed_everything(SEED)  # as train.py seeds before the trial builds its model
         if device.type == "cuda":
             modeling.configure_cuda_math(rung.tf32)
