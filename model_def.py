@@ -168,7 +168,6 @@ class SquadTrial(pytorch.PyTorchTrial):
             raise config.ConfigError(
                 f"data.pretrained_model {model_name!r}: cannot load ({str(err).splitlines()[0]})"
             ) from None
-        self.autocast_dtype = modeling.autocast_dtype(hp.precision)
         self.scaler = None
         if hp.precision == "fp16":
             self.scaler = context.wrap_scaler(torch.amp.GradScaler("cuda"))
@@ -246,9 +245,8 @@ class SquadTrial(pytorch.PyTorchTrial):
             num_workers=self.plan.data.num_workers,
         )
 
-    def autocast(self) -> Any:
-        device = self.context.device.type
-        return torch.autocast(device, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None)
+    def autocast(self) -> torch.autocast:
+        return modeling.autocast(self.context.device.type, self.plan.hparams.precision)
 
     def accumulating(self, batch_idx: int) -> contextlib.AbstractContextManager:
         """DDP's no_sync() for batches that only accumulate gradients (aggregation_frequency > 1).

@@ -174,8 +174,10 @@ def assemble_logits(
 AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}  # fp32: no autocast
 
 
-def autocast_dtype(precision: str) -> torch.dtype | None:
-    return AUTOCAST_DTYPES.get(precision)
+def autocast(device_type: str, precision: str) -> torch.autocast:
+    """The forward pass's mixed precision: training, evaluation and predict.py use this one."""
+    dtype = AUTOCAST_DTYPES.get(precision)
+    return torch.autocast(device_type, dtype=dtype, enabled=dtype is not None)
 
 
 def configure_cuda_math(tf32: bool) -> None:
@@ -217,6 +219,10 @@ class QASettings:
     pretrained_model: str
     eval_batch_size: int  # predict.py batches like evaluation did, so its EM/F1 match exactly
     pad_to_multiple_of: int
+    # The arithmetic evaluation ran with. Defaults: what exports written before these fields
+    # existed ran with (fp32 on CPU; TF32 is on by default on CUDA).
+    precision: str = "fp32"
+    tf32: bool = True
 
     @classmethod
     def from_run(
@@ -245,11 +251,12 @@ class QASettings:
             raw = json.loads(path.read_text())
         except (OSError, ValueError) as err:
             raise data.DataError(f"{path}: cannot read QA settings ({err}).") from None
-        fields = {f.name for f in dataclasses.fields(cls)}
-        missing = sorted(fields - set(raw))
+        fields = dataclasses.fields(cls)
+        required = {f.name for f in fields if f.default is dataclasses.MISSING}
+        missing = sorted(required - set(raw))
         if missing:
             raise data.DataError(f"{path}: missing {', '.join(missing)}; re-export the checkpoint.")
-        return cls(**{k: raw[k] for k in fields})
+        return cls(**{f.name: raw[f.name] for f in fields if f.name in raw})
 
 
 def export_hf(model: torch.nn.Module, tokenizer: Any, settings: QASettings, checkpoint_dir: Path) -> Path:

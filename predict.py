@@ -4,9 +4,10 @@
     python3 predict.py --checkpoint DIR --squad dev.json --out predictions.json
 
 DIR is a checkpoint directory written by train.py (or a cluster checkpoint), its hf/ folder, or a
-Determined checkpoint UUID when a master is reachable (DET_MASTER). Windowing, batching and answer
-extraction are the ones evaluation uses (data.py, model_def.py), so `squad_metric.py` on the
-written predictions reproduces the trial's validation EM/F1. The last stdout line is JSON.
+Determined checkpoint UUID when a master is reachable (DET_MASTER). Windowing, batching,
+precision and answer extraction are the ones evaluation uses (data.py, modeling.py, and the
+run's hf/qa_settings.json), so `squad_metric.py` on the written predictions reproduces the
+trial's validation EM/F1. The last stdout line is JSON.
 """
 
 from __future__ import annotations
@@ -63,7 +64,15 @@ def download_checkpoint(uuid: str) -> Path:
 
 
 class Predictor:
-    def __init__(self, checkpoint: str, device: str | None = None, batch_size: int | None = None):
+    """A checkpoint's model with evaluation's windowing, batching, arithmetic and extraction."""
+
+    def __init__(
+        self,
+        checkpoint: str,
+        device: str | None = None,
+        batch_size: int | None = None,
+        precision: str | None = None,
+    ):
         import torch
         from transformers import AutoModelForQuestionAnswering
 
@@ -71,6 +80,13 @@ class Predictor:
         self.settings = modeling.QASettings.load(hf)
         self.tokenizer = data.load_tokenizer(str(hf))
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        # The precision evaluation ran with, so the logits -- and EM/F1 -- are the trial's.
+        self.precision = precision or self.settings.precision
+        if self.precision == "fp16" and self.device.type != "cuda":
+            print("predict: fp16 autocast needs CUDA; computing in fp32 on the CPU.", file=sys.stderr)
+            self.precision = "fp32"
+        if self.device.type == "cuda":
+            modeling.configure_cuda_math(self.settings.tf32)
         self.model = AutoModelForQuestionAnswering.from_pretrained(hf).to(self.device).eval()
         self.spec = self.settings.window_spec
         self.batch_size = batch_size or self.settings.eval_batch_size
@@ -84,7 +100,7 @@ class Predictor:
         )
         accepted = modeling.forward_params(self.model)
         parts = []
-        with torch.inference_mode():
+        with torch.inference_mode(), modeling.autocast(self.device.type, self.precision):
             for indices in sampler.batches(0):
                 batch = collate(indices.tolist())
                 inputs = modeling.model_inputs(batch, accepted)
@@ -131,6 +147,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="predictions.json (question id -> answer)")
     parser.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--batch-size", type=int)
+    parser.add_argument(
+        "--precision",
+        choices=["fp32", "bf16", "fp16"],
+        help="autocast precision (default: the one evaluation used, from hf/qa_settings.json)",
+    )
     args = parser.parse_args(argv)
     single = args.question is not None or args.context is not None
     if single == bool(args.squad):
@@ -143,7 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.batch_size is not None and args.batch_size < 1:
         parser.error("--batch-size must be positive")
     try:
-        predictor = Predictor(args.checkpoint, args.device, args.batch_size)
+        predictor = Predictor(args.checkpoint, args.device, args.batch_size, args.precision)
         if single:
             example = data.Example("question", args.question, args.context, [])
             answers = predictor.answer([example])

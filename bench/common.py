@@ -93,7 +93,7 @@ class Loop:
         self.schedule = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, model_def.linear_warmup_decay(total, warmup)
         )
-        self.dtype = modeling.autocast_dtype(rung.precision)
+        self.precision = rung.precision
         self.scaler = torch.amp.GradScaler("cuda") if rung.precision == "fp16" else None
         self.forward = torch.compile(self.model) if rung.compile else self.model
         self.device, self.max_norm = device, hp.max_grad_norm
@@ -103,7 +103,7 @@ class Loop:
             k: v.to(self.device, non_blocking=True)
             for k, v in modeling.model_inputs(batch, self.accepted).items()
         }
-        with torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype is not None):
+        with modeling.autocast(self.device.type, self.precision):
             loss = self.forward(**inputs).loss
         if self.scaler:
             self.scaler.scale(loss).backward()

@@ -110,9 +110,7 @@ def forward_rate(
         "attention_mask": torch.ones_like(ids),
         "token_type_ids": torch.zeros_like(ids),
     }
-    half = modeling.autocast_dtype(dtype)
-    autocast = torch.autocast(device.type, dtype=half, enabled=half is not None)
-    with torch.inference_mode(), autocast:
+    with torch.inference_mode(), modeling.autocast(device.type, dtype):
         for _ in range(2):
             model(**inputs)
         sync(device)

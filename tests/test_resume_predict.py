@@ -103,6 +103,49 @@ def test_batch_predictions_score_equal_to_the_trials_validation(trained, tmp_pat
     assert metrics["exact_match"] == result["exact_match"] and metrics["f1"] == result["f1"]
 
 
+def test_bf16_predictions_score_equal_to_the_trials_validation(tiny_bert: Path, tmp_path: Path) -> None:
+    """A bf16 run evaluates under bf16 autocast; predict.py computes the same way (from
+    qa_settings.json), so its EM/F1 are the trial's. In fp32 they were not (F1 5.55 vs 5.79)."""
+    import data
+    import predict
+
+    conf = tiny_config(tiny_bert, tmp_path)
+    conf["hyperparameters"].update(precision="bf16", learning_rate=3e-3)
+    path = write_yaml(conf, tmp_path / "exp.yaml")
+    code, result, err = run_train(
+        ["--config", str(path), "--checkpoint-dir", str(tmp_path / "ckpt"), "--batches", "20"]
+    )
+    assert code == 0, err
+    hf = Path(result["checkpoint"]) / "hf"
+    assert json.loads((hf / "qa_settings.json").read_text())["precision"] == "bf16"
+    preds = tmp_path / "p.json"
+    run_cli(["predict.py", "--checkpoint", str(hf), "--squad", str(DEV_V1), "--out", str(preds)])
+    metrics = run_cli(["squad_metric.py", str(DEV_V1), str(preds)])
+    assert metrics["exact_match"] == result["exact_match"] and metrics["f1"] == result["f1"]
+    # The precision is what makes the difference: fp32 logits of the same weights differ.
+    examples = data.load_squad(DEV_V1, training=False).examples[:20]
+    logits = {}
+    for precision in ("bf16", "fp32"):
+        predictor = predict.Predictor(str(hf), "cpu", precision=precision)
+        logits[precision] = predictor.logits(predictor.features(examples))[0]
+    assert not (logits["bf16"] == logits["fp32"]).all()
+
+
+def test_qa_settings_from_before_precision_was_saved_load_as_fp32(trained, tmp_path: Path) -> None:
+    import predict
+
+    ckpt, _ = trained
+    hf = tmp_path / "hf"
+    shutil.copytree(ckpt / "hf", hf)
+    settings = json.loads((hf / "qa_settings.json").read_text())
+    del settings["precision"], settings["tf32"]
+    (hf / "qa_settings.json").write_text(json.dumps(settings))
+    predictor = predict.Predictor(str(hf), "cpu")
+    assert (predictor.precision, predictor.settings.tf32) == ("fp32", True)
+    out = _predict("--checkpoint", str(hf), "--question", "Who won?", "--context", "Denver won the title.")
+    assert out.returncode == 0 and last_json(out.stdout)["answer"], out.stderr
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
