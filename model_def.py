@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import random
 import time
 from pathlib import Path
 from typing import Any
@@ -304,7 +305,11 @@ class SquadTrial(pytorch.PyTorchTrial):
         return squad_metric.score(self.val_set.examples, answers.text, self.plan.data.squad_version)
 
     def build_callbacks(self) -> dict[str, pytorch.PyTorchCallback]:
-        callbacks: dict[str, pytorch.PyTorchCallback] = {"hf_export": HFExport(self), "run_log": self.run_log}
+        callbacks: dict[str, pytorch.PyTorchCallback] = {
+            "hf_export": HFExport(self),
+            "run_log": self.run_log,
+            "rank_random_state": RankRandomState(self.context),
+        }
         info = det_internals.cluster_trial()
         if info is not None:
             callbacks["searcher_stop"] = SearcherStop(self.context, info, self.run_log)
@@ -312,6 +317,59 @@ class SquadTrial(pytorch.PyTorchTrial):
 
     def get_batch_length(self, batch: dict[str, torch.Tensor]) -> int:
         return len(batch["input_ids"])
+
+
+class RankRandomState(pytorch.PyTorchCallback):
+    """Every rank's random state in the checkpoint; on a restart each rank takes back its own.
+
+    Determined saves the chief's torch / NumPy / Python random state and restores it on every
+    rank (pytorch/_pytorch_trial.py:1093-1096 and 1004-1008). The ranks draw different amounts --
+    a dropout mask is as large as that rank's padded batch -- so after a restart the other ranks
+    went on with the chief's stream and the run no longer matched an uninterrupted one. The states
+    are gathered wherever a checkpoint can follow (the end of a training workload or a
+    validation; nothing draws between there and the save) and restored after Determined's own
+    (callbacks load after it, :1026-1030).
+    """
+
+    def __init__(self, context: pytorch.PyTorchTrialContext) -> None:
+        self.context = context
+        self.ranks: list[dict[str, Any]] | None = None
+
+    def _capture(self) -> dict[str, Any]:
+        state = {"torch": torch.random.get_rng_state(), "numpy": np.random.get_state()}
+        state["random"] = random.getstate()
+        if self.context.device.type == "cuda":
+            state["cuda"] = torch.cuda.get_rng_state(self.context.device)
+        return state
+
+    def _gather(self) -> None:
+        self.ranks = self.context.distributed.allgather(self._capture())
+
+    def on_training_workload_end(self, avg_metrics: dict[str, Any], batch_metrics: Any) -> None:
+        self._gather()
+
+    def on_validation_end(self, metrics: dict[str, Any]) -> None:
+        self._gather()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"ranks": self.ranks} if self.ranks is not None else {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        ranks = state_dict.get("ranks")
+        size, rank = self.context.distributed.size, self.context.distributed.rank
+        if not ranks or len(ranks) != size:
+            if ranks and rank == 0:
+                logger.warning(
+                    "checkpoint holds random states for %d ranks, this run has %d: every rank "
+                    "continues from the chief's (Determined's default)", len(ranks), size,
+                )  # fmt: skip
+            return
+        mine = ranks[rank]
+        torch.random.set_rng_state(mine["torch"])
+        np.random.set_state(mine["numpy"])
+        random.setstate(mine["random"])
+        if "cuda" in mine and self.context.device.type == "cuda":
+            torch.cuda.set_rng_state(mine["cuda"], self.context.device)
 
 
 class SearcherStop(pytorch.PyTorchCallback):
