@@ -204,9 +204,11 @@ def prepare_resume(checkpoint: Path, storage_root: Path) -> tuple[str, int]:
     target = storage_root / checkpoint.name
     if not (target.exists() and target.resolve() == checkpoint.resolve()):
         target = storage_root / f"resume-{checkpoint.name}"
-        if target.is_symlink() or target.exists():
-            target.unlink()
-        target.symlink_to(checkpoint.resolve(), target_is_directory=True)
+        # Every local rank gets here (torchrun): link under a private name, then rename over the
+        # target -- atomic, so concurrent ranks cannot trip over each other's link.
+        private = storage_root / f".{target.name}.{os.getpid()}"
+        private.symlink_to(checkpoint.resolve(), target_is_directory=True)
+        os.replace(private, target)
     return target.name, steps
 
 

@@ -327,6 +327,15 @@ class TrialRun:
     preempted: int = 0
     logs: list[str] = field(default_factory=list)
 
+    def failures(self) -> str:
+        """The end of each failed allocation's log: the message of an exit-code assertion."""
+        failed = [
+            f"--- allocation {i} exited {code}:\n{log[-3000:]}"
+            for i, (code, log) in enumerate(zip(self.exit_codes, self.logs, strict=True))
+            if code != 0
+        ]
+        return "\n".join(failed) or "no allocation failed"
+
 
 class Cluster:
     """Runs trials of one experiment config on emulated containers against a stand-in master."""
