@@ -107,7 +107,10 @@ class SquadTrial(pytorch.PyTorchTrial):
         self.extra_callbacks: dict[str, pytorch.PyTorchCallback] = {}
         conf = context.get_experiment_config()
         self.plan = config.run_plan(conf, context.get_hparams(), context.distributed.size)
-        self.version_2 = self.plan.data.squad_version == "2.0"
+        # Windowing, evaluation batching, precision and extraction: what evaluation uses, what
+        # every checkpoint's hf/ saves, and what predict.py loads -- one object.
+        eval_batch = self.plan.data.eval_batch_size_per_slot(context.get_per_slot_batch_size())
+        self.qa = modeling.QASettings.from_run(self.plan.data, self.plan.hparams, eval_batch)
         if self.plan.hparams.precision == "fp16" and context.device.type != "cuda":
             raise config.ConfigError(
                 "hyperparameters.precision: fp16 needs a CUDA GPU (use bf16 or fp32 on CPU)."
@@ -123,12 +126,12 @@ class SquadTrial(pytorch.PyTorchTrial):
         settings, context = self.plan.data, self.context
         model_name = settings.pretrained_model
         self.tokenizer = data.load_tokenizer(model_name)
-        self.spec = data.WindowSpec(settings.max_seq_length, settings.doc_stride, settings.max_query_length)
+        self.spec = self.qa.window_spec
         cache_dir = Path(settings.cache_dir or data.default_download_dir() / "features")
         self.train_set = data.load_squad(settings.train_file, training=True)
         self.val_set = data.load_squad(settings.validation_file, training=False)
         for name, squad in (("train_file", self.train_set), ("validation_file", self.val_set)):
-            if squad.version == "2.0" and not self.version_2:
+            if squad.version == "2.0" and settings.squad_version != "2.0":
                 raise config.ConfigError(
                     f"data.{name} ({squad.path}) is SQuAD v2.0 but data.squad_version is 1.1; "
                     "set data.squad_version: 2.0."
@@ -232,12 +235,9 @@ class SquadTrial(pytorch.PyTorchTrial):
             num_workers=self.plan.data.num_workers,
         )
 
-    def eval_batch_size(self) -> int:
-        return self.plan.data.eval_batch_size_per_slot(self.context.get_per_slot_batch_size())
-
     def build_validation_data_loader(self) -> pytorch.DataLoader:
         sampler, collate = modeling.evaluation_batches(
-            self.val_features, self.eval_batch_size(), self.plan.hparams.pad_to_multiple_of
+            self.val_features, self.qa.eval_batch_size, self.qa.pad_to_multiple_of
         )
         return pytorch.DataLoader(
             FeatureDataset(len(self.val_features)),
@@ -291,18 +291,9 @@ class SquadTrial(pytorch.PyTorchTrial):
         return {"eval_windows": pytorch.Reducer.SUM}
 
     def score_logits(self, start: np.ndarray, end: np.ndarray) -> dict[str, Any]:
-        answers = data.extract_answers(
-            self.val_set.examples,
-            self.val_features,
-            start,
-            end,
-            n_best=self.plan.data.n_best_size,
-            max_answer_length=self.plan.data.max_answer_length,
-            version_2=self.version_2,
-            null_score_diff_threshold=self.plan.data.null_score_diff_threshold,
-        )
+        answers = self.qa.extract_answers(self.val_set.examples, self.val_features, start, end)
         self.last_predictions = answers.text
-        return squad_metric.score(self.val_set.examples, answers.text, self.plan.data.squad_version)
+        return squad_metric.score(self.val_set.examples, answers.text, self.qa.squad_version)
 
     def build_callbacks(self) -> dict[str, pytorch.PyTorchCallback]:
         callbacks: dict[str, pytorch.PyTorchCallback] = {
@@ -476,5 +467,4 @@ class HFExport(pytorch.PyTorchCallback):
 
     def on_checkpoint_write_end(self, checkpoint_dir: str) -> None:
         trial = self.trial
-        settings = modeling.QASettings.from_run(trial.plan.data, trial.plan.hparams, trial.eval_batch_size())
-        modeling.export_hf(trial.model, trial.tokenizer, settings, Path(checkpoint_dir))
+        modeling.export_hf(trial.model, trial.tokenizer, trial.qa, Path(checkpoint_dir))

@@ -241,6 +241,21 @@ class QASettings:
     def window_spec(self) -> data.WindowSpec:
         return data.WindowSpec(self.max_seq_length, self.doc_stride, self.max_query_length)
 
+    def extract_answers(
+        self, examples: Sequence[data.Example], features: data.Features, start: np.ndarray, end: np.ndarray
+    ) -> data.Answers:
+        """Answers from window logits with these settings: the trial's evaluation and predict.py."""
+        return data.extract_answers(
+            examples,
+            features,
+            start,
+            end,
+            n_best=self.n_best_size,
+            max_answer_length=self.max_answer_length,
+            version_2=self.squad_version == "2.0",
+            null_score_diff_threshold=self.null_score_diff_threshold,
+        )
+
     def save(self, hf_dir: Path) -> None:
         data.write_text_atomic(hf_dir / QA_SETTINGS, json.dumps(dataclasses.asdict(self), indent=1))
 

@@ -125,17 +125,7 @@ class Predictor:
     def extract(
         self, examples: Sequence[data.Example], features: data.Features, start: np.ndarray, end: np.ndarray
     ) -> data.Answers:
-        s = self.settings
-        return data.extract_answers(
-            examples,
-            features,
-            start,
-            end,
-            n_best=s.n_best_size,
-            max_answer_length=s.max_answer_length,
-            version_2=s.squad_version == "2.0",
-            null_score_diff_threshold=s.null_score_diff_threshold,
-        )
+        return self.settings.extract_answers(examples, features, start, end)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
