@@ -26,6 +26,19 @@ from data import WindowSpec
 T = TypeVar("T")
 
 OPTIMIZERS = ("adamw", "radam", "lamb")
+# How training windows become batches (hyperparameters.batching; bench/batching.py measured them):
+#   padded   random batches, every window padded to max_seq_length (the standard recipe)
+#   random   random batches, each padded to its longest window (dynamic padding)
+#   buckets  random batches inside width buckets of pad_to_multiple_of tokens: a batch's windows
+#            share their padded width, so padding stays small, a run sees only
+#            max_seq_length / pad_to_multiple_of widths (what torch.compile and CUDA graphs
+#            need), and batches are drawn afresh every epoch
+#   sorted   windows sorted by length inside chunks of 50 global batches: least padding, but on a
+#            small data set a chunk is most of it and the same windows meet epoch after epoch
+BATCHINGS = ("padded", "random", "buckets", "sorted")
+# hyperparameters.lr_scaling: the power of (samples per optimizer step / reference_batch_size).
+LR_POWERS = {"none": 0.0, "sqrt": 0.5, "linear": 1.0}
+LR_SCALINGS = tuple(LR_POWERS)
 PRECISIONS = ("fp32", "fp16", "bf16")
 
 
@@ -52,12 +65,30 @@ class Hyperparameters:
     global_batch_size: int = setting(
         12, "samples per batch over all slots; a multiple of resources.slots_per_trial", minimum=1
     )
-    learning_rate: float = setting(3e-5, "peak learning rate, reached after the warm-up", minimum=0)
+    learning_rate: float = setting(
+        3e-5,
+        "peak learning rate at reference_batch_size samples per optimizer step (all of it with "
+        "lr_scaling: none), reached after the warm-up",
+        minimum=0,
+    )
+    lr_scaling: str = setting(
+        "none",
+        "how the peak learning rate follows samples per optimizer step (global_batch_size x "
+        "aggregation_frequency): none, sqrt or linear in (samples per step / reference_batch_size)",
+        choices=LR_SCALINGS,
+    )
+    reference_batch_size: int | None = setting(
+        None, "samples per optimizer step at which learning_rate is right (needed by lr_scaling)", minimum=1
+    )
     weight_decay: float = setting(0.01, "decoupled weight decay (not on biases / LayerNorm)", minimum=0)
     warmup_ratio: float = setting(
         0.1, "fraction of optimizer steps spent warming up linearly", minimum=0, below=1
     )
     adam_epsilon: float = setting(1e-6, "the optimizer's epsilon", minimum=0)
+    adam_beta1: float = setting(0.9, "AdamW / RAdam / LAMB: decay of the gradient mean", minimum=0, below=1)
+    adam_beta2: float = setting(
+        0.999, "AdamW / RAdam / LAMB: decay of the squared-gradient average", minimum=0, below=1
+    )
     max_grad_norm: float = setting(1.0, "clip gradients to this global norm; 0 turns clipping off", minimum=0)
     optimizer: str = setting(
         "adamw", "adamw, radam (the write-up's choice for aggregation) or lamb", choices=OPTIMIZERS
@@ -65,10 +96,15 @@ class Hyperparameters:
     precision: str = setting(
         "fp32", "fp32, bf16 (autocast) or fp16 (autocast + loss scaling, CUDA only)", choices=PRECISIONS
     )
-    group_by_length: bool = setting(
-        True, "length-grouped batches padded per batch (dynamic padding); false: pad to max_seq_length"
+    batching: str = setting(
+        "buckets",
+        "padded (random batches at max_seq_length), random (random batches, dynamic padding), buckets "
+        "(random batches inside width buckets of pad_to_multiple_of tokens) or sorted (by length)",
+        choices=BATCHINGS,
     )
-    pad_to_multiple_of: int = setting(8, "round each batch's width up to a multiple of this", minimum=1)
+    pad_to_multiple_of: int = setting(
+        64, "round each batch's width up to a multiple of this; the width of a bucket", minimum=1
+    )
     attn_implementation: str = setting(
         "sdpa", "transformers' attention: sdpa, eager, or flash_attention_2 where it is installed"
     )
@@ -288,6 +324,7 @@ class RunPlan:
     given_hparams: dict[str, Any]  # as the config holds them: what Determined's context returns
     length: Length
     aggregation_frequency: int
+    learning_rate: float  # the peak the optimizer and schedule use: hparams' rule applied
     average_aggregated_gradients: bool
     gradient_compression: bool
     validation_period: Length | None
@@ -449,8 +486,27 @@ def collective_timeout(conf: dict[str, Any]) -> float | None:
     return seconds
 
 
+def resolved_learning_rate(hp: Hyperparameters, samples_per_step: int) -> float:
+    """The peak learning rate at `samples_per_step` (global batch x aggregation) by hp's rule:
+    learning_rate x (samples_per_step / reference_batch_size) ^ (0, 1/2 or 1). The one place the
+    rule lives; bench/lr_scaling.py measured which rule keeps F1 as the batch grows."""
+    if hp.lr_scaling == "none":
+        return hp.learning_rate
+    if hp.reference_batch_size is None:
+        raise ConfigError(
+            f"hyperparameters.reference_batch_size: lr_scaling {hp.lr_scaling} scales learning_rate "
+            "from the samples per optimizer step it was set for; add e.g. `reference_batch_size: 32`."
+        )
+    return hp.learning_rate * (samples_per_step / hp.reference_batch_size) ** LR_POWERS[hp.lr_scaling]
+
+
 def run_plan(conf: dict[str, Any], hparams: dict[str, Any], slots: int) -> RunPlan:
     """Check a config and turn it into a RunPlan. Raises ConfigError naming the field."""
+    if "group_by_length" in hparams:
+        raise ConfigError(
+            "hyperparameters.group_by_length was replaced by hyperparameters.batching: use "
+            "`batching: sorted` for true, `batching: padded` for false (default: buckets)."
+        )
     hp = typed_settings(
         Hyperparameters,
         {k: v for k, v in hparams.items() if k != "train_length"},
@@ -468,6 +524,7 @@ def run_plan(conf: dict[str, Any], hparams: dict[str, Any], slots: int) -> RunPl
     agg = opt.get("aggregation_frequency", 1)
     if not isinstance(agg, int) or agg < 1:
         raise ConfigError(f"optimizations.aggregation_frequency: expected an integer >= 1, got {agg!r}.")
+    learning_rate = resolved_learning_rate(hp, hp.global_batch_size * agg)
     policy = conf.get("checkpoint_policy", "best")
     if policy not in ("best", "all", "none"):
         raise ConfigError(f"checkpoint_policy: {policy!r} must be best, all or none.")
@@ -480,6 +537,7 @@ def run_plan(conf: dict[str, Any], hparams: dict[str, Any], slots: int) -> RunPl
         given_hparams=dict(hparams),
         length=training_length(conf, hparams),
         aggregation_frequency=agg,
+        learning_rate=learning_rate,
         average_aggregated_gradients=bool(opt.get("average_aggregated_gradients", True)),
         gradient_compression=bool(opt.get("gradient_compression", False)),
         validation_period=validation,
@@ -553,7 +611,10 @@ def describe(plan: RunPlan, conf: dict[str, Any], slots: int) -> dict[str, Any]:
         "step_zero_validation": plan.step_zero_validation,
         "reporting_period_batches": plan.reporting_period,
         "optimizer": plan.hparams.optimizer,
-        "learning_rate": plan.hparams.learning_rate,
+        "learning_rate": plan.learning_rate,  # what the optimizer runs at (the rule applied)
+        "reference_learning_rate": plan.hparams.learning_rate,
+        "reference_batch_size": plan.hparams.reference_batch_size,
+        "lr_scaling": plan.hparams.lr_scaling,
         "precision": plan.hparams.precision,
         "gradient_compression": plan.gradient_compression,
         "searcher": searcher.get("name"),

@@ -61,7 +61,10 @@ class SquadEvaluator(pytorch.MetricReducer):
 # --------------------------------------------------------------------------------------------
 
 
-def build_optimizer(model: torch.nn.Module, hp: config.Hyperparameters, device: torch.device) -> Any:
+def build_optimizer(
+    model: torch.nn.Module, hp: config.Hyperparameters, lr: float, device: torch.device
+) -> Any:
+    """hp's optimizer at peak learning rate `lr` (RunPlan.learning_rate: the scaling rule applied)."""
     decay, no_decay = [], []
     for name, param in model.named_parameters():
         if not param.requires_grad:
@@ -74,15 +77,19 @@ def build_optimizer(model: torch.nn.Module, hp: config.Hyperparameters, device: 
         {"params": decay, "weight_decay": hp.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
-    lr, eps = hp.learning_rate, hp.adam_epsilon
+    eps, betas = hp.adam_epsilon, (hp.adam_beta1, hp.adam_beta2)
     if hp.optimizer == "adamw":
         fused = device.type == "cuda"
-        return torch.optim.AdamW(groups, lr=lr, eps=eps, fused=fused, foreach=None if fused else True)
+        return torch.optim.AdamW(
+            groups, lr=lr, betas=betas, eps=eps, fused=fused, foreach=None if fused else True
+        )
     if hp.optimizer == "radam":
-        return torch.optim.RAdam(groups, lr=lr, eps=eps, decoupled_weight_decay=True, foreach=True)
+        return torch.optim.RAdam(
+            groups, lr=lr, betas=betas, eps=eps, decoupled_weight_decay=True, foreach=True
+        )
     import torch_optimizer
 
-    return torch_optimizer.Lamb(groups, lr=lr, eps=eps)
+    return torch_optimizer.Lamb(groups, lr=lr, betas=betas, eps=eps)
 
 
 def linear_warmup_decay(total_steps: int, warmup_steps: int) -> Any:
@@ -150,10 +157,13 @@ class SquadTrial(pytorch.PyTorchTrial):
         )
         logger.info(
             "rank %d of %d: features train %s / validation %s in %s; aggregation_frequency=%d "
-            "optimizer=%s gradient_compression=%s global_batch_size=%d",
+            "optimizer=%s gradient_compression=%s global_batch_size=%d learning_rate=%.6g "
+            "(lr_scaling %s from %g at %s samples per step) batching=%s",
             context.distributed.rank, context.distributed.size, train_cache, val_cache,
             cache_dir.resolve(), self.plan.aggregation_frequency, self.plan.hparams.optimizer,
-            self.plan.gradient_compression, self.plan.hparams.global_batch_size,
+            self.plan.gradient_compression, self.plan.hparams.global_batch_size, self.plan.learning_rate,
+            self.plan.hparams.lr_scaling, self.plan.hparams.learning_rate,
+            self.plan.hparams.reference_batch_size, self.plan.hparams.batching,
         )  # fmt: skip
 
     def build_model(self) -> torch.nn.Module:
@@ -191,7 +201,7 @@ class SquadTrial(pytorch.PyTorchTrial):
         """Optimizer and linear warm-up / decay schedule, stepped once per optimizer step."""
         context = self.context
         self.optimizer = context.wrap_optimizer(
-            build_optimizer(model, self.plan.hparams, context.device),
+            build_optimizer(model, self.plan.hparams, self.plan.learning_rate, context.device),
             average_aggregated_gradients=self.plan.average_aggregated_gradients,
         )
         total = self.total_optimizer_steps()
@@ -223,11 +233,13 @@ class SquadTrial(pytorch.PyTorchTrial):
             self.train_features.lengths,
             self.context.get_per_slot_batch_size(),
             shuffle=True,
-            group_by_length=hp.group_by_length,
+            batching=hp.batching,
             seed=seed,
             ranks=self.context.distributed.size,
+            bucket_width=hp.pad_to_multiple_of,
         )
-        collate = Collator(self.train_features, hp.group_by_length, hp.pad_to_multiple_of, labels=True)
+        dynamic = hp.batching != "padded"
+        collate = Collator(self.train_features, dynamic, hp.pad_to_multiple_of, labels=True)
         return pytorch.DataLoader(
             FeatureDataset(len(self.train_features)),
             batch_sampler=sampler,

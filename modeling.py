@@ -1,10 +1,11 @@
 """Batches and model I/O shared by the trial, evaluation, predict.py and the benchmarks.
 
 Torch, NumPy and transformers only -- no Determined -- so answering questions from a checkpoint
-needs nothing of the training framework. One home each for: length-grouped resumable batches
-(dynamic padding), the evaluation batching that makes predict.py's logits equal the trial's, what
-a model's forward accepts, reassembling distributed logits, precision -> autocast dtype, CUDA math
-settings, and the QA settings saved beside every checkpoint's hf/.
+needs nothing of the training framework. One home each for: resumable training batches
+(random, width-bucketed or sorted; dynamic padding), the evaluation batching that makes
+predict.py's logits equal the trial's, what a model's forward accepts, reassembling distributed
+logits, precision -> autocast dtype, CUDA math settings, and the QA settings saved beside every
+checkpoint's hf/.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
     import config
 
 # --------------------------------------------------------------------------------------------
-# Batches: length-grouped (dynamic padding) and resumable.
+# Batches: random, width-bucketed (few padded widths) or sorted; resumable.
 # --------------------------------------------------------------------------------------------
 
 
@@ -34,10 +35,9 @@ class FeatureBatchSampler(torch.utils.data.Sampler):
     """Per-slot batches of feature indices, a pure function of (seed, epoch).
 
     Determined wraps this in its repeat / shard / skip samplers: consecutive batches go to
-    consecutive ranks, and a resumed run replays the same epochs and skips what was trained. With
-    `group_by_length`, indices are shuffled, sorted by length inside chunks of ~50 global batches,
-    cut into batches, and the global batches (one per rank) shuffled again: ranks get windows of
-    similar length (no one waits on a long batch) and padding per batch stays small.
+    consecutive ranks, and a resumed run replays the same epochs and skips what was trained. For
+    `buckets` and `sorted` a global batch (one per-slot batch per rank) is formed first and then
+    cut, so ranks get windows of similar length and no rank waits on a long batch.
     """
 
     def __init__(
@@ -46,16 +46,20 @@ class FeatureBatchSampler(torch.utils.data.Sampler):
         batch_size: int,
         *,
         shuffle: bool,
-        group_by_length: bool,
+        batching: str,
         seed: int,
         ranks: int = 1,
+        bucket_width: int = 64,
     ) -> None:
+        if batching not in ("padded", "random", "buckets", "sorted"):  # config.BATCHINGS
+            raise ValueError(f"batching {batching!r}: see config.BATCHINGS")
         self.lengths = np.asarray(lengths)
         self.batch_size = batch_size
         self.shuffle = shuffle
-        self.group_by_length = group_by_length
+        self.batching = batching
         self.seed = seed
         self.ranks = ranks
+        self.bucket_width = max(1, bucket_width)
         self.epoch = 0
 
     def __len__(self) -> int:
@@ -65,17 +69,42 @@ class FeatureBatchSampler(torch.utils.data.Sampler):
         n = len(self.lengths)
         rng = np.random.default_rng([self.seed, epoch])
         order = rng.permutation(n) if self.shuffle else np.arange(n)
-        if self.group_by_length:
-            chunk = self.batch_size * self.ranks * 50
-            for lo in range(0, n, chunk):
-                part = order[lo : lo + chunk]
-                order[lo : lo + chunk] = part[np.argsort(-self.lengths[part], kind="stable")]
-        batches = [order[i : i + self.batch_size] for i in range(0, n, self.batch_size)]
-        if self.group_by_length and self.shuffle:
-            group = self.ranks  # keep each global batch's per-rank batches together
-            groups = [batches[i : i + group] for i in range(0, len(batches), group)]
-            groups = [groups[i] for i in rng.permutation(len(groups))]
-            batches = [b for g in groups for b in g]
+        if self.batching == "buckets":
+            global_batches = self._bucketed(order, rng)
+        elif self.batching == "sorted":
+            global_batches = self._sorted(order, rng)
+        else:
+            global_batches = [order]
+        return [b[i : i + self.batch_size] for b in global_batches for i in range(0, len(b), self.batch_size)]
+
+    def _bucketed(self, order: np.ndarray, rng: np.random.Generator) -> list[np.ndarray]:
+        """Global batches drawn at random inside each width bucket; each bucket's remainder joins
+        the next wider bucket's, and the batches are shuffled (the one short batch stays last)."""
+        size = self.batch_size * self.ranks
+        bucket = -(-self.lengths[order] // self.bucket_width)
+        order = order[np.argsort(bucket, kind="stable")]  # by bucket; random inside each
+        bounds = np.flatnonzero(np.diff(np.sort(bucket))) + 1
+        full: list[np.ndarray] = []
+        carry = np.empty(0, dtype=order.dtype)
+        for part in np.split(order, bounds):
+            part = np.concatenate([carry, part])
+            cut = len(part) - len(part) % size
+            full += [part[i : i + size] for i in range(0, cut, size)]
+            carry = part[cut:]
+        if self.shuffle:
+            full = [full[i] for i in rng.permutation(len(full))]
+        return full + ([carry] if len(carry) else [])
+
+    def _sorted(self, order: np.ndarray, rng: np.random.Generator) -> list[np.ndarray]:
+        """Sorted by length (longest first) inside chunks of ~50 global batches, then shuffled."""
+        size = self.batch_size * self.ranks
+        chunk = size * 50
+        for lo in range(0, len(order), chunk):
+            part = order[lo : lo + chunk]
+            order[lo : lo + chunk] = part[np.argsort(-self.lengths[part], kind="stable")]
+        batches = [order[i : i + size] for i in range(0, len(order), size)]
+        if self.shuffle:
+            batches = [batches[i] for i in rng.permutation(len(batches))]
         return batches
 
     def __iter__(self) -> Iterator[list[int]]:
@@ -143,7 +172,7 @@ def evaluation_batches(
     features: data.Features, batch_size: int, pad_to_multiple_of: int
 ) -> tuple[FeatureBatchSampler, Collator]:
     """How evaluation batches windows; predict.py uses the same, so its logits equal the trial's."""
-    sampler = FeatureBatchSampler(features.lengths, batch_size, shuffle=False, group_by_length=True, seed=0)
+    sampler = FeatureBatchSampler(features.lengths, batch_size, shuffle=False, batching="sorted", seed=0)
     return sampler, Collator(features, True, pad_to_multiple_of, labels=False)
 
 
@@ -190,6 +219,21 @@ def configure_cuda_math(tf32: bool) -> None:
     # ~0.5 s the first time (bf16 ran at 106 seq/s vs 1318 with it off). The flash and
     # memory-efficient kernels need no per-shape plan and are as fast once warm.
     torch.backends.cuda.enable_cudnn_sdp(False)
+
+
+def training_flops(model: torch.nn.Module, batch: int, width: int) -> float:
+    """Model FLOPs of one training step (forward + backward) on `batch` windows of `width` tokens.
+
+    6 x (non-embedding parameters) per token -- 2 for the forward multiply-adds, 4 for the
+    backward's two (Kaplan et al. 2020, "Scaling Laws", section 2.1) -- plus attention's scores
+    and weighted sum, 2 x 2 x hidden x width per token and layer forward, x 3 with the backward:
+    12 x layers x hidden x width (Chowdhery et al. 2022, PaLM, appendix B). Padding tokens count:
+    they are computed. Embedding lookups are gathers, not FLOPs. MFU = this / time / peak.
+    """
+    cfg = unwrap(model).config
+    params = sum(p.numel() for n, p in unwrap(model).named_parameters() if "embeddings" not in n)
+    tokens = batch * width
+    return tokens * (6.0 * params + 12.0 * cfg.num_hidden_layers * cfg.hidden_size * width)
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:

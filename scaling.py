@@ -54,6 +54,7 @@ class Variant:
     optimizer: str
     per_slot_batch: int
     config: dict[str, Any]
+    learning_rate: float  # the peak the run will use: the config's lr_scaling rule applied
 
 
 def int_list(text: str, flag: str) -> list[int]:
@@ -106,8 +107,8 @@ def variants(
                 conf.setdefault("optimizations", {})["aggregation_frequency"] = a
                 conf["hyperparameters"]["optimizer"] = opt
                 conf["hyperparameters"]["global_batch_size"] = per_slot * s
-                config.run_plan(conf, config.local_hparams(conf), s)  # each one must be valid
-                out.append(Variant(name, s, a, opt, per_slot, conf))
+                plan = config.run_plan(conf, config.local_hparams(conf), s)  # each one must be valid
+                out.append(Variant(name, s, a, opt, per_slot, conf, plan.learning_rate))
     return out
 
 
@@ -353,7 +354,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "launch":
             if args.dry_run:
                 for v in series:
-                    print(json.dumps({"name": v.name, "config": v.config}))
+                    print(json.dumps({"name": v.name, "learning_rate": v.learning_rate, "config": v.config}))
                 return 0
             import scaling_runs
 

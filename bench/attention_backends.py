@@ -59,14 +59,16 @@ def main() -> int:
         squad.examples, tokenizer, data.WindowSpec(384, 128, 64), labels=True, offsets=False
     )
     sampler = modeling.FeatureBatchSampler(
-        features.lengths, args.batch_size, shuffle=True, group_by_length=True, seed=tp.SEED
+        features.lengths, args.batch_size, shuffle=True, batching="sorted", seed=tp.SEED
     )
-    collate = modeling.Collator(features, True, hp.pad_to_multiple_of, labels=True)
+    collate = modeling.Collator(features, True, 8, labels=True)  # the many widths this measures
     batches = [collate(ix.tolist()) for ix in sampler.batches(0)[: args.batches]]
     print(f"{torch.cuda.get_device_name()}; widths {[b['input_ids'].shape[1] for b in batches]}", flush=True)
 
     def loop_for(attn: str, precision: str, cudnn: bool, tf32: bool) -> tp.Loop:
-        loop = tp.Loop(model_path, tp.Rung("", False, attn, "trial", precision, False, tf32), hp, 100, device)
+        loop = tp.Loop(
+            model_path, tp.Rung("", "sorted", 8, attn, "trial", precision, False, tf32), hp, 100, device
+        )
         torch.backends.cuda.enable_cudnn_sdp(cudnn)  # after Loop applied the trial's settings
         return loop
 

@@ -43,11 +43,12 @@ SEED = 42
 @dataclass
 class Rung:
     name: str
-    padded: bool  # every window padded to max_seq_length, random batches
+    batching: str  # config.BATCHINGS: padded (the standard recipe), random, buckets, sorted
+    multiple: int  # pad_to_multiple_of: a batch's width is rounded up to it (and buckets' width)
     attn: str
     optimizer: str  # "plain" torch AdamW, or "trial" = model_def.build_optimizer (fused on CUDA)
     precision: str
-    compile: bool = False
+    compile: str = ""  # torch.compile mode ("default", "reduce-overhead": CUDA graphs); "": eager
     tf32: bool = False  # CUDA only: the trial's default (hyperparameters.tf32)
 
 
@@ -88,14 +89,14 @@ class Loop:
                 weight_decay=hp.weight_decay,
             )
         else:
-            self.optimizer = model_def.build_optimizer(model, hp, device)
+            self.optimizer = model_def.build_optimizer(model, hp, hp.learning_rate, device)
         warmup = int(hp.warmup_ratio * total)
         self.schedule = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, model_def.linear_warmup_decay(total, warmup)
         )
         self.precision = rung.precision
         self.scaler = torch.amp.GradScaler("cuda") if rung.precision == "fp16" else None
-        self.forward = torch.compile(self.model) if rung.compile else self.model
+        self.forward = torch.compile(self.model, mode=rung.compile) if rung.compile else self.model
         self.device, self.max_norm = device, hp.max_grad_norm
 
     def step(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -166,7 +167,7 @@ def trial_config(args: argparse.Namespace, model_path: str, tmp: Path) -> Path:
     conf["hyperparameters"].update(
         global_batch_size=args.batch_size,
         precision=args.precision,
-        torch_compile=args.compile,
+        torch_compile=bool(args.compile),
         train_length={"type": "const", "val": {"batches": args.batches}},
     )
     conf["reproducibility"] = {"experiment_seed": SEED}

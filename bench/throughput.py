@@ -15,13 +15,13 @@ Two comparisons, each on identical inputs:
    set): the standard recipe (every window padded to max_seq_length, random batches, eager
    attention, plain AdamW, fp32), then + length-grouped batches with dynamic padding, + SDPA
    attention, + fused AdamW (CUDA), + TF32 matmuls (CUDA), + bf16/fp16 autocast (--precision), + torch.compile
-   (--compile). The last rung before compile is the fast path (the trial's default settings);
+   (--compile [MODE ...]). The last rung before compile is the fast path (the trial's default settings);
    dynamic_padding_speedup = fast path / standard recipe.
 
-FLOPs per batch are counted from the model config: 6 x (non-embedding parameters) x tokens,
-plus attention 12 x layers x hidden x width per token, over the tokens actually computed (the
-padded width). On a GPU the table shows model FLOPs utilisation against the card's dense
-bf16 peak, and the fast path's projected time for SQuAD v1.1 x 2 epochs (88.6k windows x 2).
+FLOPs per batch: modeling.training_flops (6 x non-embedding parameters + 12 x layers x hidden x
+width, per token computed, padding included; sources in its docstring and docs/gpu.md). On a GPU
+the table shows model FLOPs utilisation against the card's dense bf16 peak, and the fast path's
+projected time for SQuAD v1.1 x 2 epochs (88.6k windows x 2).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ import torch
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from common import ROOT, SEED, Loop, Rung, model_dir, run_trial, time_loop, trial_config  # noqa: E402
+from common import ROOT, SEED, Loop, Rung, model_dir, run_trial, sync, time_loop, trial_config  # noqa: E402
 
 import config  # noqa: E402
 import data  # noqa: E402
@@ -76,19 +76,12 @@ def peak_tflops(device: torch.device) -> float | None:
 
 
 def flop_counter(model_path: str) -> Callable[[int, int], float]:
+    """FLOPs of a training step on (batch, width): modeling.training_flops on a meta-device model."""
     from transformers import AutoConfig, AutoModelForQuestionAnswering
 
-    cfg = AutoConfig.from_pretrained(model_path)
     with torch.device("meta"):
-        model = AutoModelForQuestionAnswering.from_config(cfg)
-    embedding = sum(p.numel() for n, p in model.named_parameters() if "embeddings" in n)
-    dense = sum(p.numel() for p in model.parameters()) - embedding
-    layers, hidden = cfg.num_hidden_layers, cfg.hidden_size
-
-    def flops(batch: int, width: int) -> float:
-        return batch * width * (6.0 * dense + 12.0 * layers * hidden * width)
-
-    return flops
+        model = AutoModelForQuestionAnswering.from_config(AutoConfig.from_pretrained(model_path))
+    return lambda batch, width: modeling.training_flops(model, batch, width)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -113,12 +106,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         choices=config.PRECISIONS,
         help="fast path precision (default: bf16 on CUDA, fp32 on CPU)",
     )
-    parser.add_argument("--compile", action="store_true", help="add a torch.compile rung")
+    parser.add_argument(
+        "--compile",
+        nargs="*",
+        choices=["default", "reduce-overhead", "max-autotune-no-cudagraphs"],
+        help="add a torch.compile rung per mode (no mode given: default)",
+    )
     parser.add_argument("--repeats", type=int, default=2, help="interleaved trial / bare-loop runs")
     parser.add_argument("--skip-trial", action="store_true", help="only the fast-path ladder")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     args.device = torch.device(args.device)
+    if args.compile == []:
+        args.compile = ["default"]
     if args.device.type == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device here")
     args.precision = args.precision or ("bf16" if args.device.type == "cuda" else "fp32")
@@ -196,11 +196,19 @@ def harness_overhead(setup: Setup, table: Table) -> dict[str, Any]:
     """1. The trial through Determined's local Trainer vs the bare loop, on the same batches."""
     args, hp, features = setup.args, setup.hp, setup.features
     sampler = modeling.FeatureBatchSampler(
-        features.lengths, args.batch_size, shuffle=True, group_by_length=hp.group_by_length, seed=SEED
+        features.lengths,
+        args.batch_size,
+        shuffle=True,
+        batching=hp.batching,
+        seed=SEED,
+        bucket_width=hp.pad_to_multiple_of,
     )
-    collate = modeling.Collator(features, hp.group_by_length, hp.pad_to_multiple_of, labels=True)
+    collate = modeling.Collator(features, hp.batching != "padded", hp.pad_to_multiple_of, labels=True)
     trial_batches = [collate(ix.tolist()) for ix in sampler.batches(0)[: args.batches]]
-    fast = Rung("fast", False, hp.attn_implementation, "trial", args.precision, args.compile, hp.tf32)
+    fast = Rung(
+        "fast", hp.batching, hp.pad_to_multiple_of, hp.attn_implementation, "trial", args.precision,
+        (args.compile or [""])[0], hp.tf32,
+    )  # fmt: skip
     print(
         f"harness: {args.batches} batches of {args.batch_size}, trial (Determined local Trainer) "
         "vs bare loop, same batches",
@@ -250,23 +258,23 @@ def harness_overhead(setup: Setup, table: Table) -> dict[str, Any]:
 
 def fast_path_rungs(args: argparse.Namespace, hp: config.Hyperparameters) -> list[Rung]:
     """The standard recipe, then one switch at a time up to the trial's defaults (+ compile)."""
+    B, m = hp.batching, hp.pad_to_multiple_of  # the trial's default batching
     rungs = [
-        Rung("standard recipe (pad to max, eager, AdamW, fp32)", True, "eager", "plain", "fp32"),
-        Rung("+ length-grouped dynamic padding", False, "eager", "plain", "fp32"),
-        Rung("+ SDPA attention", False, "sdpa", "plain", "fp32"),
+        Rung("standard recipe (pad to max, eager, AdamW, fp32)", "padded", 1, "eager", "plain", "fp32"),
+        Rung("+ dynamic padding, sorted by length (/8)", "sorted", 8, "eager", "plain", "fp32"),
+        Rung(f"+ {B} batching (/{m}): the trial's", B, m, "eager", "plain", "fp32"),
+        Rung("+ SDPA attention", B, m, "sdpa", "plain", "fp32"),
     ]
     cuda = args.device.type == "cuda"
     tf32 = cuda and hp.tf32
     if cuda:
-        rungs.append(Rung("+ fused AdamW", False, "sdpa", "trial", "fp32"))
+        rungs.append(Rung("+ fused AdamW", B, m, "sdpa", "trial", "fp32"))
     if tf32:
-        rungs.append(Rung("+ TF32 matmuls", False, "sdpa", "trial", "fp32", False, True))
+        rungs.append(Rung("+ TF32 matmuls", B, m, "sdpa", "trial", "fp32", False, True))
     if args.precision != "fp32":
-        rungs.append(
-            Rung(f"+ {args.precision} autocast", False, "sdpa", "trial", args.precision, False, tf32)
-        )
-    if args.compile:
-        rungs.append(Rung("+ torch.compile", False, "sdpa", "trial", args.precision, True, tf32))
+        rungs.append(Rung(f"+ {args.precision} autocast", B, m, "sdpa", "trial", args.precision, False, tf32))
+    for mode in args.compile or []:
+        rungs.append(Rung(f"+ torch.compile ({mode})", B, m, "sdpa", "trial", args.precision, mode, tf32))
     return rungs
 
 
@@ -289,16 +297,29 @@ def ladder(setup: Setup, table: Table) -> dict[str, Any]:
             features.lengths[sample],
             args.batch_size,
             shuffle=True,
-            group_by_length=not rung.padded,
+            batching=rung.batching,
             seed=SEED,
+            bucket_width=rung.multiple,
         )
-        collate = modeling.Collator(features, not rung.padded, hp.pad_to_multiple_of, labels=True)
+        collate = modeling.Collator(features, rung.batching != "padded", rung.multiple, labels=True)
         batches = [collate(sample[ix].tolist()) for ix in sampler.batches(0)]
         loop = Loop(setup.model_path, rung, hp, len(batches), device)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
+        # One untimed step per padded width first: what a run pays once per width (cuBLAS/SDPA
+        # plans; torch.compile's graph, CUDA graph capture), so the timed steps are steady state.
+        widths = {b["input_ids"].shape[1]: b for b in reversed(batches)}
+        started = time.perf_counter()
+        for b in widths.values():
+            loop.step(b)
+        sync(device)
+        warm_s = time.perf_counter() - started
         seconds, loss = time_loop(loop, batches, args.warmup)
-        extra = {"last_loss": round(loss, 4)}
+        extra = {
+            "last_loss": round(loss, 4),
+            "widths": len(widths),
+            "first_step_per_width_s": round(warm_s, 2),
+        }
         if device.type == "cuda":
             extra["peak_memory_gb"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
         rows.append(table.record(rung.name, seconds, batches[args.warmup :], extra))

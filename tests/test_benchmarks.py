@@ -49,3 +49,61 @@ def test_inference_benchmark_runs_predicts_path_and_reports(trained, tmp_path: P
     assert {(r["model"], r["batch"], r["length"]) for r in report["shapes"]} == {
         (str(ckpt_model), 2, 64) for ckpt_model in (report["model"], "bert-base")
     }
+
+
+def _bench(script: str, *args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / script), *args], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def test_lr_scaling_report_pairs_seeds_and_judges_the_goals(tmp_path: Path) -> None:
+    """bench/lr_scaling.py report on recorded rows: the reference lr is the best at 1x, goals are
+    paired differences on shared seeds, the next phase's cells are 'not measured yet'."""
+    seeds, rows = [42, 43, 44, 45, 46], []
+
+    def add(k: int, rule: str, lr: float, f1s: list[float]) -> None:
+        for seed, f1 in zip(seeds, f1s, strict=True):
+            cell = {"optimizer": "adamw", "aggregation_frequency": k, "lr_scaling": rule, "learning_rate": lr}
+            rows.append({**cell, "warmup_ratio": 0.1, "seed": seed, "f1": f1, "exact_match": f1 - 8})
+
+    one = [50.0, 52.0, 51.0, 53.0, 49.0]
+    add(1, "none", 5e-5, [f - 10 for f in one])
+    add(1, "none", 1e-4, one)  # the best at 1x: the reference
+    add(1, "none", 2e-4, [f - 3 for f in one])
+    for k in (2, 4, 8):
+        add(k, "none", 1e-4, [f - 3 * k for f in one])
+        add(k, "sqrt", 1e-4, [f - 0.2 * k for f in one])  # within the goals
+        add(k, "linear", 1e-4, [f - 0.5 * k + (0.3 if i % 2 else -0.3) for i, f in enumerate(one)])
+    path = tmp_path / "lr.json"
+    path.write_text(json.dumps({"config": "local.yaml", "micro_batch": 4, "rows": rows}))
+    out = _bench("lr_scaling.py", "report", "--json", str(path), "--png", str(tmp_path / "lr.png"))
+    assert "reference learning rate at 4 samples/step (best mean F1 at 1x): 0.0001" in out
+    assert "Goals, with the best rule at 8x (sqrt):" in out
+    assert "- PASS AdamW 4x, sqrt, within 2 of 1x: paired F1 difference -0.80 [-0.80, -0.80]" in out
+    assert "- PASS AdamW 8x, sqrt, within 4 of 1x: paired F1 difference -1.60" in out
+    assert "RAdam 2x (warm-up 0.1), sqrt, within 3 of AdamW 2x: not measured yet" in out
+    assert "| adamw | 8 | 32 | linear | 0.0001 | 0.0008 | 0.1 | 5 | 46.94 ± " in out
+    assert (tmp_path / "lr.png").stat().st_size > 10_000
+
+
+def test_batching_stats_and_report(tmp_path: Path) -> None:
+    """bench/batching.py stats on the bundled text (no training) and the paired table."""
+    path = tmp_path / "batching.json"
+    rows = [
+        {"batching": b, "pad_to_multiple_of": m, "seed": s, "f1": f1 + d, "exact_match": f1 + d - 8}
+        for (b, m, d) in (("random", 8, 0.0), ("buckets", 64, -0.5))
+        for s, f1 in zip([42, 43, 44], [50.0, 52.0, 51.0], strict=True)
+    ]
+    path.write_text(json.dumps({"config": "local.yaml", "baseline": "random/8", "rows": rows}))
+    out = _bench("batching.py", "stats", "--json", str(path), "--seeds", "42,43")
+    stats = json.loads(path.read_text())["stats"]["arms"]
+    assert stats["sorted/8"]["repeat_share"] > 5 * stats["buckets/64"]["repeat_share"]
+    assert (
+        stats["padded"]["padding_share"]
+        > stats["buckets/64"]["padding_share"]
+        > stats["sorted/8"]["padding_share"]
+    )
+    assert "| buckets/64 | 3 | 50.50 ± 1.00 | 42.50 ± 1.00 | -0.50 [-0.50, -0.50] |" in out

@@ -112,6 +112,44 @@ def test_every_yaml_as_the_master_hands_it_passes_the_dry_run(name: str, tmp_pat
     # Our own filling of the master's defaults plans the same run as the master's schemas.
     assert handed == ours
     assert handed["slots"] == json.loads(filled)["resources"]["slots_per_trial"]
+    # The learning rate the run will use: the YAML's rule worked out by hand (a search space's
+    # first value, as a local run picks it).
+    conf = config.load_yaml(ROOT / name)
+    hp = config.local_hparams(conf)
+    samples = hp["global_batch_size"] * (conf.get("optimizations") or {}).get("aggregation_frequency", 1)
+    power = {"sqrt": 0.5, "linear": 1.0}[hp["lr_scaling"]]
+    expected = hp["learning_rate"] * (samples / hp["reference_batch_size"]) ** power
+    assert (
+        handed["learning_rate"] == pytest.approx(expected) and handed["samples_per_optimizer_step"] == samples
+    )
+
+
+CLUSTER_YAMLS = ("const.yaml", "distributed.yaml", "multi_machine.yaml", "search.yaml")
+
+
+def test_the_cluster_yamls_are_one_recipe_at_different_scales() -> None:
+    """const / distributed / multi_machine / search share data, learning rate, reference batch and
+    rule; they differ in slots, batch, aggregation and optimizer (search: what it searches)."""
+    confs = {name: config.load_yaml(ROOT / name) for name in CLUSTER_YAMLS}
+    base = confs["const.yaml"]["hyperparameters"]
+    assert (base["learning_rate"], base["reference_batch_size"], base["lr_scaling"]) == (5e-5, 32, "sqrt")
+    for name, conf in confs.items():
+        assert conf["data"] == confs["const.yaml"]["data"], name
+        hp = conf["hyperparameters"]
+        assert (hp["reference_batch_size"], hp["lr_scaling"]) == (32, "sqrt"), name
+        differ = {k for k in base.keys() | hp.keys() if base.get(k) != hp.get(k)}
+        if name == "search.yaml":
+            space = hp["learning_rate"]
+            assert 10 ** space["minval"] <= base["learning_rate"] <= 10 ** space["maxval"]
+            assert differ == {
+                "global_batch_size",
+                "learning_rate",
+                "warmup_ratio",
+                "optimizer",
+                "train_length",
+            }
+        else:
+            assert differ <= {"global_batch_size", "optimizer"}, name
 
 
 def test_zero_periods_from_the_master_mean_unset() -> None:

@@ -46,7 +46,21 @@ BAD = {
     "negative lr": ({}, {"learning_rate": -1e-5}, "hyperparameters.learning_rate: must be >= 0"),
     "batch": ({}, {"global_batch_size": 0}, "hyperparameters.global_batch_size: must be >= 1"),
     "compile": ({}, {"torch_compile": "no"}, "hyperparameters.torch_compile: expected true or false"),
-}
+    "batching": ({}, {"batching": "grouped"}, "hyperparameters.batching: 'grouped' is not one of padded"),
+    "old grouping key": ({}, {"group_by_length": True}, "group_by_length was replaced by hyperparameters"),
+    "rule": ({}, {"lr_scaling": "cubic"}, "hyperparameters.lr_scaling: 'cubic' is not one of none, sqrt"),
+    "rule without reference": (
+        {}, {"lr_scaling": "sqrt"}, "hyperparameters.reference_batch_size: lr_scaling sqrt scales"
+    ),
+    "reference below 1": (
+        {}, {"lr_scaling": "linear", "reference_batch_size": 0},
+        "hyperparameters.reference_batch_size: must be >= 1",
+    ),
+    "reference not int": (
+        {}, {"reference_batch_size": 3.5}, "hyperparameters.reference_batch_size: expected an integer"
+    ),
+    "beta2": ({}, {"adam_beta2": 1.0}, "hyperparameters.adam_beta2: must be < 1"),
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("name", BAD)
@@ -83,3 +97,34 @@ def test_settings_listing_covers_every_field(capsys: pytest.CaptureFixture) -> N
             if field.default is not dataclasses.MISSING:
                 assert line.split()[1] == json.dumps(field.default)
     assert "(required)" in lines["data.train_file"] and "(required)" in lines["hyperparameters.train_length"]
+
+
+@pytest.mark.parametrize(
+    "rule, aggregation, expected",
+    [
+        ("none", 4, 2e-4),
+        ("sqrt", 1, 2e-4 * 0.5),
+        ("sqrt", 4, 2e-4),
+        ("linear", 8, 2e-4 * 2),
+        ("linear", 2, 2e-4 / 2),
+    ],
+)
+def test_learning_rate_follows_samples_per_optimizer_step(
+    rule: str, aggregation: int, expected: float
+) -> None:
+    """Resolved = learning_rate x (global batch x aggregation / reference) ^ (0, 1/2, 1)."""
+    hp = {
+        **LENGTH,
+        "learning_rate": 2e-4,
+        "global_batch_size": 8,
+        "lr_scaling": rule,
+        "reference_batch_size": 32,
+    }
+    conf = {"data": FILES, "optimizations": {"aggregation_frequency": aggregation}}
+    plan = config.run_plan(conf, hp, slots=2)
+    assert plan.learning_rate == pytest.approx(expected)
+    assert plan.hparams.learning_rate == 2e-4  # the reference stays what the config says
+    described = config.describe(plan, conf, 2)
+    assert described["learning_rate"] == plan.learning_rate
+    assert (described["reference_learning_rate"], described["lr_scaling"]) == (2e-4, rule)
+    assert described["samples_per_optimizer_step"] == 8 * aggregation

@@ -71,6 +71,20 @@ def test_each_machine_builds_its_own_cache_and_gets_the_same_settings(two_machin
             "aggregation_frequency=2 optimizer=radam gradient_compression=False global_batch_size=8"
             in line.group(4)
         )
+        # The recipe's rule at 8 x 2 samples per step: 1e-3 (shaped_like's) x sqrt(16 / 32).
+        assert f"learning_rate={RESOLVED_LR:.6g} (lr_scaling sqrt from 0.001 at 32 samples" in line.group(4)
+
+
+RESOLVED_LR = 1e-3 * (8 * 2 / 32) ** 0.5
+
+
+def test_the_master_records_the_resolved_learning_rate(two_machines) -> None:
+    """multi_machine.yaml as the master hands it (aggregation 2, lr_scaling sqrt): 12 optimizer
+    steps, warm-up int(0.1 x 12) = 1 step, so the first report (2 batches, step 0) is the peak."""
+    _, _, _, cluster, _ = two_machines
+    training = [r for r in cluster.master.metrics if r["group"] == "training"]
+    lrs = [r["metrics"]["lr"] for r in training]
+    assert lrs[0] == pytest.approx(RESOLVED_LR, rel=1e-6) and max(lrs) == pytest.approx(RESOLVED_LR, rel=1e-6)
 
 
 def test_cut_link_fails_in_bounded_time_and_the_restart_matches(two_machines, tmp_path: Path) -> None:

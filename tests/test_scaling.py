@@ -46,6 +46,13 @@ def test_variants_change_only_slots_aggregation_optimizer_batch_name_labels() ->
             }
             assert other <= {"slots_per_trial", "aggregation_frequency", "optimizer", "global_batch_size"}
     assert len({v.name for v in series}) == 12
+    # The recipe's rule gives each run its learning rate: 5e-5 x sqrt(samples per step / 32).
+    hp = base["hyperparameters"]
+    assert (hp["lr_scaling"], hp["reference_batch_size"], hp["learning_rate"]) == ("sqrt", 32, 5e-5)
+    for v in series:
+        samples = per_slot * v.slots * v.aggregation
+        assert v.learning_rate == pytest.approx(5e-5 * (samples / 32) ** 0.5)
+    assert len({v.learning_rate for v in series}) == 5  # 12, 24, 96, 192 (8x2 and 16x1), 384
 
 
 def test_variant_configs_pass_determineds_schema(tmp_path: Path) -> None:

@@ -95,6 +95,38 @@ def test_aggregation_frequency_from_the_yaml_reaches_the_trial(tiny_bert: Path, 
     assert sched["_last_lr"][0] == 0.0
 
 
+def test_resolved_learning_rate_reaches_optimizer_schedule_and_the_lr_metric(
+    tiny_bert: Path, tmp_path: Path
+) -> None:
+    """lr_scaling sqrt from 1e-3 at 4 samples per step, run at 8 x aggregation 2 = 16: the
+    optimizer and schedule peak at 2e-3, the reported lr is that peak, the dry-run says so too."""
+    conf = tiny_config(tiny_bert, tmp_path)
+    conf["optimizations"] = {"aggregation_frequency": 2}
+    conf["hyperparameters"].update(
+        learning_rate=1e-3, lr_scaling="sqrt", reference_batch_size=4, warmup_ratio=0.5
+    )
+    path = write_yaml(conf, tmp_path / "exp.yaml")
+    metrics = tmp_path / "metrics.json"
+    code, result, err = _run(conf, tmp_path, "--batches", "8", "--metrics-out", str(metrics))
+    assert code == 0, err
+    resolved = 1e-3 * (16 / 4) ** 0.5
+    state = _state(result["checkpoint"])
+    # LambdaLR keeps the rate the optimizer was built with as each group's initial_lr.
+    groups = state["optimizers_state_dict"][0]["param_groups"]
+    assert [g["initial_lr"] for g in groups] == [pytest.approx(resolved)] * len(groups)
+    # 4 optimizer steps, warm-up 2: step 0 at half the peak, step 1 at the peak; reports of 2
+    # batches (one optimizer step each) carry the rate that step was taken with.
+    lrs = [r["metrics"]["lr"] for r in json.loads(metrics.read_text())["training"]]
+    assert lrs[:2] == [pytest.approx(resolved / 2), pytest.approx(resolved)] and max(lrs) == lrs[1]
+    dry = last_json(
+        subprocess.run(
+            [sys.executable, "train.py", "--config", str(path), "--dry-run"],
+            cwd=ROOT, capture_output=True, text=True, check=True,
+        ).stdout
+    )  # fmt: skip
+    assert dry["learning_rate"] == pytest.approx(resolved) and dry["reference_learning_rate"] == 1e-3
+
+
 def test_lr_schedule_values() -> None:
     from model_def import linear_warmup_decay
 

@@ -1,0 +1,269 @@
+"""How training windows are batched: F1 on paired seeds, speed, padding and batch repetition.
+
+    python3 bench/batching.py stats                       # no training: padding, repetition
+    python3 bench/batching.py speed [--batches 30]        # samples/s of each arm, side by side
+    python3 bench/batching.py train [--seeds 42,43,44,45,46] [--jobs 4]   # the paired-seed runs
+    python3 bench/batching.py report                      # the table from what is in --json
+
+Arms (hyperparameters.batching / pad_to_multiple_of, everything else the embedded default's
+local.yaml): padded (random batches at max_seq_length: the standard recipe), random/8 (random
+batches, dynamic padding), sorted/8 (sorted inside chunks of 50 batches: the default before this
+study), buckets/64 and buckets/32 (random batches inside width buckets).
+
+- stats: per arm, over epochs 0 and 1 of the sampler with the study's seeds: padding share,
+  the share of window pairs batched together in epoch 0 that are batched together again in
+  epoch 1 ("repeat"), and the chance that two windows of a batch come from the same paragraph.
+  Also at full SQuAD size (88,600 windows drawn from the 384-token length distribution of the
+  bundled training text, batch 12 as const.yaml), where no training is needed to see it.
+- speed: the trial's training step (bench/common.Loop) over the first --batches batches of each
+  arm's epoch 0, one arm after another in one process: samples/s and ratio to padded.
+- train: `train.py --config local.yaml --set hyperparameters.batching=...` per arm and seed
+  (bench/study.py: resumable, one JSON row per run). F1 / EM mean +- std and the paired F1
+  difference to random/8 with a 95 % interval.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+from itertools import combinations
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import study  # noqa: E402
+from study import ROOT  # noqa: E402
+
+sys.path.insert(0, str(ROOT))
+
+import config  # noqa: E402
+import data  # noqa: E402
+import modeling  # noqa: E402
+
+ARMS = {  # name -> (batching, pad_to_multiple_of)
+    "padded": ("padded", 8),
+    "random/8": ("random", 8),
+    "sorted/8": ("sorted", 8),
+    "buckets/64": ("buckets", 64),
+    "buckets/32": ("buckets", 32),
+}
+BASELINE = "random/8"  # what the F1 of the others is compared with: unbiased random batches
+SEEDS = "42,43,44,45,46"
+SQUAD_V11_WINDOWS = 88_600
+
+
+def cell(arm: str) -> dict[str, Any]:
+    batching, multiple = ARMS[arm]
+    return {"batching": batching, "pad_to_multiple_of": multiple}
+
+
+def sampler(lengths: np.ndarray, batch: int, arm: str, seed: int) -> modeling.FeatureBatchSampler:
+    batching, multiple = ARMS[arm]
+    return modeling.FeatureBatchSampler(
+        lengths, batch, shuffle=True, batching=batching, seed=seed, bucket_width=multiple
+    )
+
+
+def padding_share(lengths: np.ndarray, batches: list[np.ndarray], arm: str, max_len: int) -> float:
+    batching, multiple = ARMS[arm]
+    real = padded = 0
+    for b in batches:
+        width = max_len
+        if batching != "padded":
+            width = min(max_len, -(-int(lengths[b].max()) // multiple) * multiple)
+        real += int(lengths[b].sum())
+        padded += width * len(b)
+    return 1 - real / padded
+
+
+def pairs(batches: list[np.ndarray]) -> set[tuple[int, int]]:
+    return {(int(a), int(b)) for batch in batches for a, b in combinations(np.sort(batch), 2)}
+
+
+def repeat_share(s: modeling.FeatureBatchSampler) -> float:
+    """Of the window pairs sharing a batch in epoch 0, the share that share one in epoch 1."""
+    first, second = pairs(s.batches(0)), pairs(s.batches(1))
+    return len(first & second) / max(1, len(first))
+
+
+def same_paragraph(batches: list[np.ndarray], paragraph: np.ndarray) -> float:
+    together = same = 0
+    for b in batches:
+        ids = paragraph[b]
+        together += len(b) * (len(b) - 1) // 2
+        _, counts = np.unique(ids, return_counts=True)
+        same += int((counts * (counts - 1) // 2).sum())
+    return same / max(1, together)
+
+
+def local_setup() -> tuple[config.RunPlan, data.Features, np.ndarray]:
+    conf = config.load_yaml(ROOT / "local.yaml")
+    plan = config.run_plan(conf, config.local_hparams(conf), 1)
+    tokenizer = data.load_tokenizer(plan.data.pretrained_model)
+    squad = data.load_squad(ROOT / plan.data.train_file, training=True)
+    spec = data.WindowSpec(plan.data.max_seq_length, plan.data.doc_stride, plan.data.max_query_length)
+    features = data.build_features(squad.examples, tokenizer, spec, labels=True, offsets=False)
+    contexts = {c: i for i, c in enumerate(dict.fromkeys(e.context for e in squad.examples))}
+    paragraph = np.array([contexts[squad.examples[i].context] for i in features.example_index])
+    return plan, features, paragraph
+
+
+def stats(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    plan, features, paragraph = local_setup()
+    batch, max_len = plan.hparams.global_batch_size, plan.data.max_seq_length
+    # Full-size: SQuAD v1.1 at 384/128 has ~88.6k windows; lengths drawn from the bundled text's.
+    tokenizer = data.load_tokenizer(plan.data.pretrained_model)
+    squad = data.load_squad(ROOT / plan.data.train_file, training=True)
+    long = data.build_features(
+        squad.examples, tokenizer, data.WindowSpec(384, 128, 64), labels=True, offsets=False
+    )
+    full = np.random.default_rng(0).choice(long.lengths, SQUAD_V11_WINDOWS)
+    rows = {}
+    for arm in ARMS:
+        per_seed = []
+        for seed in args.seeds:
+            s = sampler(features.lengths, batch, arm, seed)
+            epoch = s.batches(0)
+            per_seed.append(
+                (
+                    padding_share(features.lengths, epoch, arm, max_len),
+                    repeat_share(s),
+                    same_paragraph(epoch, paragraph),
+                )
+            )
+        big = sampler(full, 12, arm, args.seeds[0])
+        rows[arm] = {
+            "padding_share": round(float(np.mean([p[0] for p in per_seed])), 4),
+            "repeat_share": round(float(np.mean([p[1] for p in per_seed])), 4),
+            "same_paragraph": round(float(np.mean([p[2] for p in per_seed])), 4),
+            "full_size_padding_share": round(padding_share(full, big.batches(0), arm, 384), 4),
+            "full_size_repeat_share": round(repeat_share(big), 5),
+        }
+        print(arm, rows[arm], flush=True)
+    result["stats"] = {
+        "windows": len(features),
+        "global_batch_size": batch,
+        "max_seq_length": max_len,
+        "full_size_windows": SQUAD_V11_WINDOWS,
+        "full_size_batch": 12,
+        "arms": rows,
+    }
+
+
+def speed(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    import torch
+    from common import Loop, Rung, time_loop
+
+    plan, features, _ = local_setup()
+    device = torch.device(args.device)
+    model_path = data.resolve_pretrained(plan.data.pretrained_model)
+    rows = {}
+    for arm in ARMS:
+        batching, multiple = ARMS[arm]
+        s = sampler(features.lengths, plan.hparams.global_batch_size, arm, args.seeds[0])
+        collate = modeling.Collator(features, batching != "padded", multiple, labels=True)
+        batches = [collate(ix.tolist()) for ix in s.batches(0)[: args.warmup + args.batches]]
+        rung = Rung(arm, batching, multiple, plan.hparams.attn_implementation, "trial", "fp32", False, True)
+        loop = Loop(model_path, rung, plan.hparams, len(batches), device)
+        seconds, _ = time_loop(loop, batches, args.warmup)
+        samples = sum(len(b["input_ids"]) for b in batches[args.warmup :])
+        rows[arm] = {"samples_per_s": round(samples / seconds, 2), "seconds": round(seconds, 2)}
+        print(arm, rows[arm], flush=True)
+    for row in rows.values():
+        row["vs_padded"] = round(row["samples_per_s"] / rows["padded"]["samples_per_s"], 3)
+    machine = torch.cuda.get_device_name() if device.type == "cuda" else f"{platform.machine()} CPU"
+    result.setdefault("speed", {})[machine] = {
+        "date": time.strftime("%Y-%m-%d"),
+        "threads": torch.get_num_threads(),
+        "batches": args.batches,
+        "arms": rows,
+    }
+
+
+def train(args: argparse.Namespace, result: dict[str, Any]) -> dict[str, Any]:
+    result["train_device"] = study.device_name()
+    runs = [
+        study.Run(
+            cell(arm),
+            seed,
+            (
+                f"hyperparameters.batching={ARMS[arm][0]}",
+                f"hyperparameters.pad_to_multiple_of={ARMS[arm][1]}",
+            ),
+        )
+        for seed in args.seeds
+        for arm in args.arms
+    ]
+    return study.run_all(runs, args.json, result, "local.yaml", args.jobs)
+
+
+def report(result: dict[str, Any]) -> str:
+    rows, stats_ = result["rows"], (result.get("stats") or {}).get("arms", {})
+    speeds = result.get("speed") or {}
+    head = ["batching", "runs", "F1 mean ± std", "EM mean ± std", f"F1 - {BASELINE}, paired [95 % CI]"]
+    head += ["padding", "repeat e0→e1", "same paragraph", "full-size repeat"]
+    head += [f"samples/s, {m}" for m in speeds]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for arm in ARMS:
+        s = study.summary(rows, cell(arm), cell(BASELINE) if arm != BASELINE else None)
+        st = stats_.get(arm, {})
+
+        def pct(key: str, digits: int = 1, st: dict = st) -> str:
+            return f"{100 * st[key]:.{digits}f} %" if key in st else "-"
+
+        speed_cells = []
+        for m in speeds.values():
+            a = m["arms"].get(arm)
+            speed_cells.append(f"{a['samples_per_s']:.1f} ({a['vs_padded']:.2f}x)" if a else "-")
+        lines.append(
+            f"| {arm} | {study.fmt_summary(s)} | {study.fmt_diff(s and s['diff'])} | "
+            f"{pct('padding_share')} | {pct('repeat_share')} | {pct('same_paragraph', 2)} | "
+            f"{pct('full_size_repeat_share', 2)} |" + "".join(f" {c} |" for c in speed_cells)
+        )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("what", choices=["stats", "speed", "train", "report"])
+    parser.add_argument("--seeds", default=SEEDS, help="comma-separated experiment seeds (paired)")
+    parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {', '.join(ARMS)}")
+    parser.add_argument("--jobs", type=int, default=1, help="train: runs side by side")
+    parser.add_argument("--batches", type=int, default=30, help="speed: timed batches per arm")
+    parser.add_argument("--warmup", type=int, default=2, help="speed: untimed batches first")
+    parser.add_argument("--device", default="cpu", help="speed: cpu or cuda")
+    parser.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "batching.json")
+    args = parser.parse_args()
+    try:
+        args.seeds = [int(s) for s in args.seeds.split(",")]
+    except ValueError:
+        parser.error(f"--seeds: expected comma-separated integers, got {args.seeds!r}")
+    args.arms = args.arms.split(",")
+    if unknown := [a for a in args.arms if a not in ARMS]:
+        parser.error(f"--arms: unknown {unknown}; choose from {', '.join(ARMS)}")
+    if args.jobs < 1 or args.batches < 1 or args.warmup < 0:
+        parser.error("--jobs and --batches must be >= 1, --warmup >= 0")
+    result = study.load(args.json, {"config": "local.yaml", "baseline": BASELINE})
+    result["command"] = " ".join(["python3", "bench/batching.py", *sys.argv[1:]])
+    if args.what == "stats":
+        stats(args, result)
+    elif args.what == "speed":
+        speed(args, result)
+    elif args.what == "train":
+        result = train(args, result)
+    study.save(args.json, result)
+    print(report(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,263 @@
+"""Does F1 survive a larger batch? The learning-rate rule, measured on paired seeds.
+
+    python3 bench/lr_scaling.py run [--jobs 8] [--json FILE]   # all phases; resumable
+    python3 bench/lr_scaling.py report [--json FILE]           # table, pass/fail goals, PNG
+
+The embedded default (local.yaml: MiniLM, bundled SQuAD text, 3 epochs) at micro-batch 4, so
+1x has ~800 optimizer steps. Aggregation k (optimizations.aggregation_frequency) runs the *same*
+micro-batch sequence with k times the samples per optimizer step and 1/k the steps: only the
+batch the optimizer sees changes. Every run is `train.py --set ...` as a user would run it, with
+the rule in the config (hyperparameters.lr_scaling / reference_batch_size = 4).
+
+Phases (each needs the one before; rows are kept per run, so the study can span sessions):
+1. the reference learning rate at 1x (AdamW, 3 values, 5 seeds): the best mean F1 is `ref`;
+2. AdamW at k = 2, 4, 8 with each rule (none / sqrt / linear) from `ref`, 5 seeds;
+3. the oracle at 8x: the best rule's resolved lr x 1/2 and x 2 (3 seeds); RAdam at 1x and 2x
+   with and without the 10 % linear warm-up (5 seeds); LAMB at 1x and 8x (3 seeds) -- with the
+   rule phase 2 found best.
+
+Goals (printed as PASS/FAIL; paired differences on shared seeds, 95 % t intervals): with the
+shipped rule, AdamW mean F1 within 2 points of 1x at 4x and within 4 points at 8x; within 1.5 of
+the best swept lr at 8x; RAdam as shipped within 3 points of AdamW at 2x.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import study  # noqa: E402
+from study import ROOT  # noqa: E402
+
+sys.path.insert(0, str(ROOT))
+
+import config  # noqa: E402
+
+MICRO_BATCH = 4
+REFERENCE_LRS = (5e-5, 1e-4, 2e-4)
+FREQUENCIES = (1, 2, 4, 8)
+RULES = ("none", "sqrt", "linear")
+SEEDS5 = (42, 43, 44, 45, 46)
+SEEDS3 = SEEDS5[:3]
+WARMUP = 0.1  # local.yaml's
+
+
+def cell(optimizer: str, k: int, rule: str, lr: float, warmup: float = WARMUP) -> dict[str, Any]:
+    return {
+        "optimizer": optimizer,
+        "aggregation_frequency": k,
+        "lr_scaling": rule,
+        "learning_rate": lr,
+        "warmup_ratio": warmup,
+    }
+
+
+def resolved(c: dict[str, Any]) -> float:
+    hp = config.Hyperparameters(
+        learning_rate=c["learning_rate"], lr_scaling=c["lr_scaling"], reference_batch_size=MICRO_BATCH
+    )
+    return config.resolved_learning_rate(hp, MICRO_BATCH * c["aggregation_frequency"])
+
+
+def runs(cells: list[dict[str, Any]], seeds: tuple[int, ...]) -> list[study.Run]:
+    out = []
+    for c in cells:
+        overrides = (
+            f"hyperparameters.global_batch_size={MICRO_BATCH}",
+            f"optimizations.aggregation_frequency={c['aggregation_frequency']}",
+            f"hyperparameters.optimizer={c['optimizer']}",
+            f"hyperparameters.lr_scaling={c['lr_scaling']}",
+            f"hyperparameters.reference_batch_size={MICRO_BATCH}",
+            f"hyperparameters.learning_rate={c['learning_rate']}",
+            f"hyperparameters.warmup_ratio={c['warmup_ratio']}",
+        )
+        out += [study.Run(c, seed, overrides) for seed in seeds]
+    return out
+
+
+def mean_f1(rows: list[dict[str, Any]], c: dict[str, Any]) -> float:
+    s = study.summary(rows, c, None)
+    return s["f1_mean"] if s else float("-inf")
+
+
+def reference_lr(rows: list[dict[str, Any]]) -> float:
+    return max(REFERENCE_LRS, key=lambda lr: mean_f1(rows, cell("adamw", 1, "none", lr)))
+
+
+def best_rule(rows: list[dict[str, Any]], ref: float) -> str:
+    """The rule with the best mean F1 at 8x (ties: the larger k's)."""
+    return max(
+        RULES,
+        key=lambda r: (mean_f1(rows, cell("adamw", 8, r, ref)), mean_f1(rows, cell("adamw", 4, r, ref))),
+    )
+
+
+def phase_cells(rows: list[dict[str, Any]]) -> list[tuple[list[dict[str, Any]], tuple[int, ...]]]:
+    """The cells of each phase, given the rows so far (phases 2-3 depend on earlier results)."""
+    phase1 = [cell("adamw", 1, "none", lr) for lr in REFERENCE_LRS]
+    phases = [([*phase1], SEEDS5)]
+    if all(study.by_seed(rows, c).keys() >= set(SEEDS5) for c in phase1):
+        ref = reference_lr(rows)
+        phase2 = [cell("adamw", k, r, ref) for k in FREQUENCIES[1:] for r in RULES]
+        phases.append((phase2, SEEDS5))
+        if all(study.by_seed(rows, c).keys() >= set(SEEDS5) for c in phase2):
+            rule = best_rule(rows, ref)
+            best8 = resolved(cell("adamw", 8, rule, ref))
+            oracle = [cell("adamw", 8, "none", best8 * f) for f in (0.5, 2.0)]
+            lamb = [cell("lamb", k, rule, ref) for k in (1, 8)]
+            radam = [cell("radam", k, rule, ref, w) for k in (1, 2) for w in (WARMUP, 0.0)]
+            phases += [(oracle + lamb, SEEDS3), (radam, SEEDS5)]
+    return phases
+
+
+def run(args: argparse.Namespace, result: dict[str, Any]) -> dict[str, Any]:
+    result["train_device"] = study.device_name()
+    done_phases = 0
+    while True:
+        phases = phase_cells(result["rows"])
+        if len(phases) == done_phases:
+            return result
+        todo = [r for cells, seeds in phases[done_phases:] for r in runs(cells, seeds)]
+        done_phases = len(phases)
+        result = study.run_all(
+            todo, args.json, result, "local.yaml", args.jobs, lambda r: {"resolved_lr": resolved(r.cell)}
+        )
+
+
+def goals(rows: list[dict[str, Any]]) -> tuple[str, list[str]]:
+    ref = reference_lr(rows)
+    rule = best_rule(rows, ref)
+    one = cell("adamw", 1, "none", ref)
+    lines = []
+
+    def check(name: str, c: dict[str, Any], base: dict[str, Any], limit: float) -> None:
+        s = study.summary(rows, c, base)
+        if s is None or s["diff"] is None:
+            lines.append(f"- {name}: not measured yet")
+            return
+        ok = s["diff"]["mean"] >= -limit
+        lines.append(
+            f"- {'PASS' if ok else 'FAIL'} {name}: paired F1 difference {study.fmt_diff(s['diff'])} "
+            f"(goal >= -{limit}; n = {s['diff']['n']})"
+        )
+
+    check(f"AdamW 4x, {rule}, within 2 of 1x", cell("adamw", 4, rule, ref), one, 2.0)
+    check(f"AdamW 8x, {rule}, within 4 of 1x", cell("adamw", 8, rule, ref), one, 4.0)
+    best8 = resolved(cell("adamw", 8, rule, ref))
+    swept = [cell("adamw", 8, "none", best8 * f) for f in (0.5, 2.0)]
+    oracle = max([cell("adamw", 8, rule, ref), *swept], key=lambda c: mean_f1(rows, c))
+    check(f"AdamW 8x, {rule}, within 1.5 of the best swept lr", cell("adamw", 8, rule, ref), oracle, 1.5)
+    for w in (WARMUP, 0.0):
+        check(
+            f"RAdam 2x (warm-up {w}), {rule}, within 3 of AdamW 2x",
+            cell("radam", 2, rule, ref, w),
+            cell("adamw", 2, rule, ref),
+            3.0,
+        )
+    return rule, lines
+
+
+def report(result: dict[str, Any], png: Path | None) -> str:
+    rows = result["rows"]
+    if not rows:
+        return "no runs yet"
+    ref = reference_lr(rows)
+    one = cell("adamw", 1, "none", ref)
+    cells = sorted(
+        {json.dumps({k: r[k] for k in one}, sort_keys=True) for r in rows},
+    )
+    cells_ = [json.loads(c) for c in cells]
+    cells_.sort(
+        key=lambda c: (c["optimizer"], c["aggregation_frequency"], c["lr_scaling"], c["learning_rate"])
+    )
+    lines = [
+        f"reference learning rate at {MICRO_BATCH} samples/step (best mean F1 at 1x): {ref:g}",
+        "",
+        "| optimizer | aggregation | samples/step | rule | lr (reference) | resolved lr | warm-up | runs "
+        "| F1 mean ± std | EM mean ± std | F1 - AdamW 1x, paired [95 % CI] |",
+        "|" + " --- |" * 11,
+    ]
+    for c in cells_:
+        s = study.summary(rows, c, one if c != one else None)
+        lines.append(
+            f"| {c['optimizer']} | {c['aggregation_frequency']} | {MICRO_BATCH * c['aggregation_frequency']} "
+            f"| {c['lr_scaling']} | {c['learning_rate']:g} | {resolved(c):.3g} | {c['warmup_ratio']:g} "
+            f"| {study.fmt_summary(s)} | {study.fmt_diff(s and s['diff'])} |"
+        )
+    rule, goal_lines = goals(rows)
+    lines += ["", f"Goals, with the best rule at 8x ({rule}):", *goal_lines]
+    if png:
+        plot(rows, ref, rule, png)
+        lines.append(f"\nplot: {png}")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict[str, Any]], ref: float, rule: str, png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for r in RULES:
+        xs, ys, es = [], [], []
+        for k in FREQUENCIES:
+            s = study.summary(rows, cell("adamw", k, "none" if k == 1 else r, ref), None)
+            if s:
+                xs.append(MICRO_BATCH * k)
+                ys.append(s["f1_mean"])
+                es.append(s["f1_std"])
+        ax.errorbar(xs, ys, yerr=es, marker="o", capsize=3, label=f"AdamW, lr_scaling {r}")
+    best8 = resolved(cell("adamw", 8, rule, ref))
+    swept = [cell("adamw", 8, rule, ref), *(cell("adamw", 8, "none", best8 * f) for f in (0.5, 2.0))]
+    scored = [(study.summary(rows, c, None), c) for c in swept]
+    scored = [(s, c) for s, c in scored if s]
+    if scored:
+        s, c = max(scored, key=lambda sc: sc[0]["f1_mean"])
+        ax.plot(
+            [MICRO_BATCH * 8],
+            [s["f1_mean"]],
+            "k*",
+            markersize=14,
+            label=f"best swept lr at 8x ({resolved(c):.2g})",
+        )
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("samples per optimizer step (micro-batch 4 x aggregation)")
+    ax.set_ylabel("F1 (mean ± std over seeds)")
+    ax.set_title(f"Embedded default: F1 vs effective batch (reference lr {ref:g} at 4)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=110)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("what", choices=["run", "report"])
+    parser.add_argument("--jobs", type=int, default=1, help="runs side by side (a GPU takes several)")
+    parser.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "lr-scaling.json")
+    parser.add_argument("--png", type=Path, help="report: write the plot here")
+    args = parser.parse_args()
+    if args.jobs < 1:
+        parser.error("--jobs must be >= 1")
+    result = study.load(args.json, {"config": "local.yaml", "micro_batch": MICRO_BATCH})
+    result["command"] = " ".join(["python3", "bench/lr_scaling.py", *sys.argv[1:]])
+    if args.what == "run":
+        result = run(args, result)
+        study.save(args.json, result)
+    print(report(result, args.png))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
