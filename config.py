@@ -616,6 +616,7 @@ def describe(plan: RunPlan, conf: dict[str, Any], slots: int) -> dict[str, Any]:
         "reference_batch_size": plan.hparams.reference_batch_size,
         "lr_scaling": plan.hparams.lr_scaling,
         "precision": plan.hparams.precision,
+        "batching": f"{plan.hparams.batching} (pad_to_multiple_of {plan.hparams.pad_to_multiple_of})",
         "gradient_compression": plan.gradient_compression,
         "searcher": searcher.get("name"),
         "data": {

@@ -34,6 +34,7 @@ def run_one(config: str, frequency: int, optimizer: str, workdir: Path) -> dict[
         sys.executable, str(ROOT / "train.py"), "--config", config,
         "--set", f"optimizations.aggregation_frequency={frequency}",
         "--set", f"hyperparameters.optimizer={optimizer}",
+        "--set", "hyperparameters.lr_scaling=none",  # the lr unchanged: what this table measures
         "--checkpoint-dir", str(workdir / "checkpoints"),
         "--metrics-out", str(metrics),
     ]  # fmt: skip

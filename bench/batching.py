@@ -201,7 +201,7 @@ def train(args: argparse.Namespace, result: dict[str, Any]) -> dict[str, Any]:
         for seed in args.seeds
         for arm in args.arms
     ]
-    return study.run_all(runs, args.json, result, "local.yaml", args.jobs)
+    return study.run_all(runs, args.json, result, args.config, args.jobs)
 
 
 def report(result: dict[str, Any]) -> str:
@@ -242,6 +242,7 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=2, help="speed: untimed batches first")
     parser.add_argument("--device", default="cpu", help="speed: cpu or cuda")
     parser.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "batching.json")
+    parser.add_argument("--config", default="local.yaml", help="train: the base experiment")
     args = parser.parse_args()
     try:
         args.seeds = [int(s) for s in args.seeds.split(",")]
@@ -252,7 +253,7 @@ def main() -> int:
         parser.error(f"--arms: unknown {unknown}; choose from {', '.join(ARMS)}")
     if args.jobs < 1 or args.batches < 1 or args.warmup < 0:
         parser.error("--jobs and --batches must be >= 1, --warmup >= 0")
-    result = study.load(args.json, {"config": "local.yaml", "baseline": BASELINE})
+    result = study.load(args.json, {"config": args.config, "baseline": BASELINE})
     result["command"] = " ".join(["python3", "bench/batching.py", *sys.argv[1:]])
     if args.what == "stats":
         stats(args, result)

@@ -44,8 +44,7 @@ MICRO_BATCH = 4
 REFERENCE_LRS = (5e-5, 1e-4, 2e-4)
 FREQUENCIES = (1, 2, 4, 8)
 RULES = ("none", "sqrt", "linear")
-SEEDS5 = (42, 43, 44, 45, 46)
-SEEDS3 = SEEDS5[:3]
+SEEDS = "42,43,44,45,46"  # the comparisons' cells use them all, the others the first 3
 WARMUP = 0.1  # local.yaml's
 
 
@@ -99,21 +98,24 @@ def best_rule(rows: list[dict[str, Any]], ref: float) -> str:
     )
 
 
-def phase_cells(rows: list[dict[str, Any]]) -> list[tuple[list[dict[str, Any]], tuple[int, ...]]]:
+def phase_cells(
+    rows: list[dict[str, Any]], seeds: tuple[int, ...]
+) -> list[tuple[list[dict[str, Any]], tuple[int, ...]]]:
     """The cells of each phase, given the rows so far (phases 2-3 depend on earlier results)."""
+    every, first3 = seeds, seeds[:3]
     phase1 = [cell("adamw", 1, "none", lr) for lr in REFERENCE_LRS]
-    phases = [([*phase1], SEEDS5)]
-    if all(study.by_seed(rows, c).keys() >= set(SEEDS5) for c in phase1):
+    phases = [([*phase1], every)]
+    if all(study.by_seed(rows, c).keys() >= set(every) for c in phase1):
         ref = reference_lr(rows)
         phase2 = [cell("adamw", k, r, ref) for k in FREQUENCIES[1:] for r in RULES]
-        phases.append((phase2, SEEDS5))
-        if all(study.by_seed(rows, c).keys() >= set(SEEDS5) for c in phase2):
+        phases.append((phase2, every))
+        if all(study.by_seed(rows, c).keys() >= set(every) for c in phase2):
             rule = best_rule(rows, ref)
             best8 = resolved(cell("adamw", 8, rule, ref))
             oracle = [cell("adamw", 8, "none", best8 * f) for f in (0.5, 2.0)]
             lamb = [cell("lamb", k, rule, ref) for k in (1, 8)]
             radam = [cell("radam", k, rule, ref, w) for k in (1, 2) for w in (WARMUP, 0.0)]
-            phases += [(oracle + lamb, SEEDS3), (radam, SEEDS5)]
+            phases += [(oracle + lamb, first3), (radam, every)]
     return phases
 
 
@@ -121,13 +123,13 @@ def run(args: argparse.Namespace, result: dict[str, Any]) -> dict[str, Any]:
     result["train_device"] = study.device_name()
     done_phases = 0
     while True:
-        phases = phase_cells(result["rows"])
+        phases = phase_cells(result["rows"], args.seeds)
         if len(phases) == done_phases:
             return result
         todo = [r for cells, seeds in phases[done_phases:] for r in runs(cells, seeds)]
         done_phases = len(phases)
         result = study.run_all(
-            todo, args.json, result, "local.yaml", args.jobs, lambda r: {"resolved_lr": resolved(r.cell)}
+            todo, args.json, result, args.config, args.jobs, lambda r: {"resolved_lr": resolved(r.cell)}
         )
 
 
@@ -247,10 +249,16 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=1, help="runs side by side (a GPU takes several)")
     parser.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "lr-scaling.json")
     parser.add_argument("--png", type=Path, help="report: write the plot here")
+    parser.add_argument("--seeds", default=SEEDS, help="comma-separated experiment seeds (paired)")
+    parser.add_argument("--config", default="local.yaml", help="the base experiment (the embedded default)")
     args = parser.parse_args()
     if args.jobs < 1:
         parser.error("--jobs must be >= 1")
-    result = study.load(args.json, {"config": "local.yaml", "micro_batch": MICRO_BATCH})
+    try:
+        args.seeds = tuple(int(s) for s in args.seeds.split(","))
+    except ValueError:
+        parser.error(f"--seeds: expected comma-separated integers, got {args.seeds!r}")
+    result = study.load(args.json, {"config": args.config, "micro_batch": MICRO_BATCH})
     result["command"] = " ".join(["python3", "bench/lr_scaling.py", *sys.argv[1:]])
     if args.what == "run":
         result = run(args, result)
