@@ -15,6 +15,9 @@ times of consecutive training reports (intervals that contain a validation are l
 time = the run's samples / that rate, speedup = samples/s over the 1-slot run with the same
 aggregation and optimizer, per-slot efficiency = speedup / slots, EM and F1 from the last
 validation. Failed or unfinished runs stay in the report with their state.
+
+Layers: this module (planning, the pure report, the CLI) imports scaling_runs (the runners:
+SDK, torchrun); both import the types they share from scaling_types, which imports neither.
 """
 
 from __future__ import annotations
@@ -32,29 +35,11 @@ from pathlib import Path
 from typing import Any
 
 import config
-
-ROOT = Path(__file__).resolve().parent
-STUDY_LABEL = "scaling-study"
-
-
-class ScalingError(Exception):
-    """A problem the user can fix; the message says which and how."""
-
+from scaling_types import ROOT, STUDY_LABEL, RunInputs, ScalingError, Variant  # noqa: F401 (re-exported)
 
 # --------------------------------------------------------------------------------------------
 # The series of configs.
 # --------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Variant:
-    name: str
-    slots: int
-    aggregation: int
-    optimizer: str
-    per_slot_batch: int
-    config: dict[str, Any]
-    learning_rate: float  # the peak the run will use: the config's lr_scaling rule applied
 
 
 def int_list(text: str, flag: str) -> list[int]:
@@ -115,21 +100,6 @@ def variants(
 # --------------------------------------------------------------------------------------------
 # From metric reports to a table.
 # --------------------------------------------------------------------------------------------
-
-
-@dataclass
-class RunInputs:
-    """What one run reported: the same shape from the master (SDK) or a local metrics file."""
-
-    name: str
-    state: str
-    slots: int
-    global_batch_size: int
-    aggregation: int
-    optimizer: str
-    training: list[tuple[int, float]]  # (steps_completed, end time in seconds)
-    validation: list[tuple[int, float, dict[str, Any]]]
-    error: str | None = None
 
 
 @dataclass
@@ -375,8 +345,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # As the module `scaling`, not `__main__`: scaling_runs imports it, and both must share one
-    # ScalingError (and RunInputs) class.
-    import scaling
-
-    sys.exit(scaling.main())
+    sys.exit(main())

@@ -1,7 +1,8 @@
 """The ways of running a scaling series: on a cluster through Determined's SDK, or here.
 
 scaling.py plans the series (`variants`) and computes the report from measured metric reports
-(`build_report`, pure); this module produces those reports: `launch` + `runs_from_sdk` on a
+(`build_report`, pure) and imports this module; this one imports only the shared types
+(scaling_types.py). It produces those reports: `launch` + `runs_from_sdk` on a
 cluster, `run_local` with torchrun on this machine (each run's --metrics-out file).
 """
 
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import config
-from scaling import ROOT, STUDY_LABEL, RunInputs, ScalingError, Variant
+from scaling_types import ROOT, STUDY_LABEL, RunInputs, ScalingError, Variant
 
 # --------------------------------------------------------------------------------------------
 # Determined's SDK: kept thin (tested with recorded objects).
