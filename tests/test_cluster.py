@@ -319,3 +319,14 @@ def test_truncated_latest_checkpoint_is_refused_before_training(two_slots, tmp_p
     assert "DET_LATEST_CHECKPOINT" in record.logs[0] and "state_dict.pth" in record.logs[0]
     assert "damaged or truncated checkpoint" in record.logs[0]
     assert not [r for r in cluster.master.metrics if r["group"] == "training"]
+
+
+def test_each_yaml_names_its_scale_for_the_webui() -> None:
+    """description and a scale-* label: the WebUI's experiment list filters and compares by them."""
+    scales = {}
+    for name in YAMLS:
+        conf = config.load_yaml(ROOT / name)
+        assert isinstance(conf.get("description"), str) and conf["description"], name
+        (scale,) = [label for label in conf["labels"] if label.startswith("scale-")]
+        scales[name] = scale
+    assert len({scales[n] for n in ("const.yaml", "distributed.yaml", "multi_machine.yaml")}) == 3
