@@ -16,7 +16,8 @@ study), buckets/64 and buckets/32 (random batches inside width buckets).
   Also at full SQuAD size (88,600 windows drawn from the 384-token length distribution of the
   bundled training text, batch 12 as const.yaml), where no training is needed to see it.
 - speed: the trial's training step (bench/common.Loop) over the first --batches batches of each
-  arm's epoch 0, one arm after another in one process: samples/s and ratio to padded.
+  arm's epoch 0, the arms interleaved for --rounds rounds in one process, best of the rounds:
+  samples/s and ratio to padded.
 - train: `train.py --config local.yaml --set hyperparameters.batching=...` per arm and seed
   (bench/study.py: resumable, one JSON row per run). F1 / EM mean +- std and the paired F1
   difference to random/8 with a 95 % interval.
@@ -164,18 +165,28 @@ def speed(args: argparse.Namespace, result: dict[str, Any]) -> None:
     plan, features, _ = local_setup()
     device = torch.device(args.device)
     model_path = data.resolve_pretrained(plan.data.pretrained_model)
-    rows = {}
-    for arm in ARMS:
-        batching, multiple = ARMS[arm]
+    batches_by_arm = {}
+    for arm, (batching, multiple) in ARMS.items():
         s = sampler(features.lengths, plan.hparams.global_batch_size, arm, args.seeds[0])
         collate = modeling.Collator(features, batching != "padded", multiple, labels=True)
-        batches = [collate(ix.tolist()) for ix in s.batches(0)[: args.warmup + args.batches]]
-        rung = Rung(arm, batching, multiple, plan.hparams.attn_implementation, "trial", "fp32", False, True)
-        loop = Loop(model_path, rung, plan.hparams, len(batches), device)
-        seconds, _ = time_loop(loop, batches, args.warmup)
+        batches_by_arm[arm] = [collate(ix.tolist()) for ix in s.batches(0)[: args.warmup + args.batches]]
+    seconds: dict[str, list[float]] = {arm: [] for arm in ARMS}
+    for _ in range(args.rounds):  # interleaved, best of the rounds: drift hits every arm alike
+        for arm, (batching, multiple) in ARMS.items():
+            batches = batches_by_arm[arm]
+            rung = Rung(arm, batching, multiple, plan.hparams.attn_implementation, "trial", "fp32", "", True)
+            loop = Loop(model_path, rung, plan.hparams, len(batches), device)
+            seconds[arm].append(time_loop(loop, batches, args.warmup)[0])
+            print(arm, f"{seconds[arm][-1]:.1f} s", flush=True)
+    rows = {}
+    for arm, batches in batches_by_arm.items():
         samples = sum(len(b["input_ids"]) for b in batches[args.warmup :])
-        rows[arm] = {"samples_per_s": round(samples / seconds, 2), "seconds": round(seconds, 2)}
-        print(arm, rows[arm], flush=True)
+        tokens = sum(b["input_ids"].numel() for b in batches[args.warmup :])
+        rows[arm] = {
+            "samples_per_s": round(samples / min(seconds[arm]), 2),
+            "runs_seconds": [round(x, 2) for x in seconds[arm]],
+            "padded_tokens_per_sample": round(tokens / samples, 1),
+        }
     for row in rows.values():
         row["vs_padded"] = round(row["samples_per_s"] / rows["padded"]["samples_per_s"], 3)
     machine = torch.cuda.get_device_name() if device.type == "cuda" else f"{platform.machine()} CPU"
@@ -183,6 +194,7 @@ def speed(args: argparse.Namespace, result: dict[str, Any]) -> None:
         "date": time.strftime("%Y-%m-%d"),
         "threads": torch.get_num_threads(),
         "batches": args.batches,
+        "rounds": args.rounds,
         "arms": rows,
     }
 
@@ -240,6 +252,7 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=1, help="train: runs side by side")
     parser.add_argument("--batches", type=int, default=30, help="speed: timed batches per arm")
     parser.add_argument("--warmup", type=int, default=2, help="speed: untimed batches first")
+    parser.add_argument("--rounds", type=int, default=2, help="speed: interleaved rounds (best of)")
     parser.add_argument("--device", default="cpu", help="speed: cpu or cuda")
     parser.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "batching.json")
     parser.add_argument("--config", default="local.yaml", help="train: the base experiment")
@@ -251,8 +264,8 @@ def main() -> int:
     args.arms = args.arms.split(",")
     if unknown := [a for a in args.arms if a not in ARMS]:
         parser.error(f"--arms: unknown {unknown}; choose from {', '.join(ARMS)}")
-    if args.jobs < 1 or args.batches < 1 or args.warmup < 0:
-        parser.error("--jobs and --batches must be >= 1, --warmup >= 0")
+    if min(args.jobs, args.batches, args.rounds) < 1 or args.warmup < 0:
+        parser.error("--jobs, --batches and --rounds must be >= 1, --warmup >= 0")
     result = study.load(args.json, {"config": args.config, "baseline": BASELINE})
     result["command"] = " ".join(["python3", "bench/batching.py", *sys.argv[1:]])
     if args.what == "stats":

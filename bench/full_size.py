@@ -65,7 +65,7 @@ def main() -> None:
 
         (cache_dir,) = [p for p in (Path(tmp) / "cache").glob("train-*") if p.is_dir()]
         t0 = time.perf_counter()
-        features = data._load_features(cache_dir)
+        features = data.load_features(cache_dir)
         load_s = time.perf_counter() - t0
         assert len(features) == build["features"]
     result = {
