@@ -222,15 +222,12 @@ class Source:
     on_cluster: bool
     latest_checkpoint: str | None = None  # a storage id (cluster) or local checkpoint name
     steps_completed: int = 0
+    checkpoint_path: Path | None = None  # a cluster's latest checkpoint on shared_fs, to verify
 
 
 def from_cluster(info: Any) -> Source:
     exp_conf = det_internals.experiment_config(info)
     latest = info.latest_checkpoint
-    if latest:
-        path = det_internals.shared_fs_checkpoint(exp_conf, latest)
-        if path is not None:
-            check_checkpoint(path, "DET_LATEST_CHECKPOINT")
     return Source(
         exp_conf=exp_conf,
         hparams=dict(info.trial.hparams),
@@ -238,7 +235,26 @@ def from_cluster(info: Any) -> Source:
         on_cluster=True,
         latest_checkpoint=latest,
         steps_completed=det_internals.steps_completed(info),
+        checkpoint_path=det_internals.shared_fs_checkpoint(exp_conf, latest) if latest else None,
     )
+
+
+def verify_on_chief(distributed: Any, checkpoint: Path, what: str) -> None:
+    """The chief alone reads and CRC-checks the checkpoint (bert-base: ~1.3 GB from shared storage,
+    once instead of once per rank); every rank gets its verdict and a damaged checkpoint stops
+    them all with the same message (exit 2)."""
+    verdict: dict[str, Any] | None = None
+    if distributed.rank == 0:
+        logging.getLogger("squad").info(
+            "verifying %s %s for all %d ranks", what, checkpoint, distributed.size
+        )
+        try:
+            verdict = {"steps": check_checkpoint(checkpoint, what)}
+        except config.ConfigError as err:
+            verdict = {"error": str(err)}
+    verdict = distributed.broadcast(verdict)
+    if "error" in verdict:
+        raise config.ConfigError(verdict["error"])
 
 
 def from_command_line(args: argparse.Namespace, slots: int) -> Source:
@@ -294,6 +310,8 @@ def run(args: argparse.Namespace, trial_class: type | None = None) -> dict[str, 
         det_internals.collective_timeout(plan.collective_timeout_s),
         pytorch.init(**plan.init_kwargs(source.exp_conf), distributed=distributed) as context,
     ):
+        if source.checkpoint_path is not None:  # before the model and data are loaded
+            verify_on_chief(context.distributed, source.checkpoint_path, "DET_LATEST_CHECKPOINT")
         trial = (trial_class or model_def.SquadTrial)(context)
         series = None
         if args.metrics_out and context.distributed.rank == 0:
