@@ -334,6 +334,7 @@ class RunPlan:
     reporting_period: int
     seed: int
     collective_timeout_s: float | None = None  # None: torch's default (30 minutes)
+    profiling: bool = False  # profiling.enabled: Determined's system-metrics profiler (cluster only)
 
     def init_kwargs(self, exp_conf: dict[str, Any]) -> dict[str, Any]:
         return {
@@ -342,7 +343,7 @@ class RunPlan:
             "aggregation_frequency": self.aggregation_frequency,
         }
 
-    def fit_kwargs(self, latest_checkpoint: str | None) -> dict[str, Any]:
+    def fit_kwargs(self, latest_checkpoint: str | None, on_cluster: bool = True) -> dict[str, Any]:
         from determined import pytorch
 
         def unit(length: Length | None) -> Any:
@@ -358,6 +359,9 @@ class RunPlan:
             "step_zero_validation": self.step_zero_validation,
             "reporting_period": pytorch.Batch(self.reporting_period),
             "latest_checkpoint": latest_checkpoint,
+            # The WebUI's Profiler tab (GPU/CPU use, memory, network, disk): Determined collects
+            # only on a cluster, and says so with a warning locally -- so it is asked for there.
+            "profiling_enabled": self.profiling and on_cluster,
         }
 
 
@@ -500,6 +504,14 @@ def resolved_learning_rate(hp: Hyperparameters, samples_per_step: int) -> float:
     return hp.learning_rate * (samples_per_step / hp.reference_batch_size) ** LR_POWERS[hp.lr_scaling]
 
 
+def profiling_enabled(conf: dict[str, Any]) -> bool:
+    """`profiling.enabled` (a master fills `false`; null means unset)."""
+    value = (conf.get("profiling") or {}).get("enabled")
+    if value is not None and not isinstance(value, bool):
+        raise ConfigError(f"profiling.enabled: expected true or false, got {value!r}.")
+    return bool(value)
+
+
 def run_plan(conf: dict[str, Any], hparams: dict[str, Any], slots: int) -> RunPlan:
     """Check a config and turn it into a RunPlan. Raises ConfigError naming the field."""
     if "group_by_length" in hparams:
@@ -547,6 +559,7 @@ def run_plan(conf: dict[str, Any], hparams: dict[str, Any], slots: int) -> RunPl
         reporting_period=int(conf.get("scheduling_unit", 100)),
         seed=int(seed),
         collective_timeout_s=collective_timeout(conf),
+        profiling=profiling_enabled(conf),
     )
 
 
@@ -618,6 +631,7 @@ def describe(plan: RunPlan, conf: dict[str, Any], slots: int) -> dict[str, Any]:
         "precision": plan.hparams.precision,
         "batching": f"{plan.hparams.batching} (pad_to_multiple_of {plan.hparams.pad_to_multiple_of})",
         "gradient_compression": plan.gradient_compression,
+        "profiling": plan.profiling,
         "searcher": searcher.get("name"),
         "data": {
             k: getattr(plan.data, k)

@@ -321,7 +321,7 @@ def run(args: argparse.Namespace, trial_class: type | None = None) -> dict[str, 
         trainer = pytorch.Trainer(trial, context)
         # A cluster's controller starts at the master's steps_completed; locally we pass ours.
         with det_internals.resume_at(0 if source.on_cluster else source.steps_completed):
-            trainer.fit(**plan.fit_kwargs(source.latest_checkpoint))
+            trainer.fit(**plan.fit_kwargs(source.latest_checkpoint, source.on_cluster))
         if context.distributed.rank != 0:
             return None
         if args.metrics_out:

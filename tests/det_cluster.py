@@ -121,6 +121,11 @@ def gateway_body(body: dict[str, Any], **path_params: Any) -> dict[str, Any]:
     return {**{camel(k): v for k, v in body.items()}, **path_params}
 
 
+# What Determined's system-metrics profiler reports under (core/_profiler.py: the collectors'
+# `group`), through the same metrics endpoint as training and validation, with no step.
+PROFILER_GROUPS = ("cpu", "gpu", "memory", "disk", "network")
+
+
 @dataclass
 class Checkpoint:
     uuid: str
@@ -146,6 +151,7 @@ class Master:
         self.experiment_id, self.trial_id = 1, 1
         self.trial_state = bindings.trialv1State.RUNNING
         self.metrics: list[dict[str, Any]] = []  # {group, steps_completed, metrics, trial_run_id}
+        self.system_metrics: list[dict[str, Any]] = []  # the profiler's (profiling.enabled)
         self.checkpoints: list[Checkpoint] = []
         self.progress: list[float] = []
         self.calls: list[tuple[str, str]] = []
@@ -241,6 +247,10 @@ class Master:
                 "trial_run_id": req.metrics.trialRunId,
                 "time": time.time(),  # when the master received it, as it stores end_time
             }
+            if req.group in PROFILER_GROUPS:  # the profiler's system metrics: no step, per agent
+                with self.cond:
+                    self.system_metrics.append(report)
+                return 200, {}
             if self.on_report is not None:
                 self.on_report(report)
             with self.cond:

@@ -201,6 +201,24 @@ def test_asha_brackets_match_the_masters_arithmetic() -> None:
 
 
 @needs_containers
+def test_profiler_reports_system_metrics_when_the_yaml_enables_it(tiny_bert: Path, tmp_path: Path) -> None:
+    """const.yaml's `profiling: {enabled: true}` reaches Trainer.fit: the master receives the
+    profiler's system metrics (every ~10 s, so this run trains long enough for a few)."""
+    conf, hp = shaped_like("const.yaml", tiny_bert, tmp_path, batches=600, slots=1)
+    assert conf["profiling"] == {"enabled": True}
+    cluster, record = trial_run(tmp_path, conf, hp)
+    assert record.exit_codes == [0], record.failures()
+    groups = {r["group"] for r in cluster.master.system_metrics}
+    assert {"cpu", "memory", "disk", "network"} <= groups, groups
+    cpu = [r["metrics"] for r in cluster.master.system_metrics if r["group"] == "cpu"]
+    (agent,) = cpu[0]  # keyed by the agent, as the WebUI's Profiler tab reads them
+    assert 0 <= cpu[0][agent]["cpu_util_simple"] <= 100
+    # Off: no system metrics (a local run never asks; Determined only profiles on a cluster).
+    off = {**conf, "profiling": {"enabled": False}}
+    assert not config.run_plan(off, config.local_hparams(off), 1).fit_kwargs(None)["profiling_enabled"]
+
+
+@needs_containers
 def test_one_slot_trains_validates_and_checkpoints_like_a_cluster(tiny_bert: Path, tmp_path: Path) -> None:
     conf, hp = shaped_like("const.yaml", tiny_bert, tmp_path, batches=8, slots=1)
     cluster, record = trial_run(tmp_path, conf, hp)
@@ -216,6 +234,9 @@ def test_one_slot_trains_validates_and_checkpoints_like_a_cluster(tiny_bert: Pat
     AutoModelForQuestionAnswering.from_pretrained(path / "hf")
     # The trial logs in Determined's format, so the WebUI's level filter reads it.
     assert re.search(r"\[rank=0\] INFO: \[\d+\] determined\.core: report_training_metrics", record.logs[0])
+    # const.yaml turns the profiler on (reports come every 10 s: this run is shorter).
+    assert conf["profiling"] == {"enabled": True}
+    assert "[rank=0] INFO: [" in record.logs[0] and "Starting system metrics profiling." in record.logs[0]
 
 
 @pytest.fixture(scope="module")
