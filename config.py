@@ -26,7 +26,7 @@ from data import WindowSpec
 T = TypeVar("T")
 
 OPTIMIZERS = ("adamw", "radam", "lamb")
-# How training windows become batches (hyperparameters.batching; bench/batching.py measured them):
+# How training windows become batches (hyperparameters.batching; bench/batching.py measures them):
 #   padded   random batches, every window padded to max_seq_length (the standard recipe)
 #   random   random batches, each padded to its longest window (dynamic padding)
 #   buckets  random batches inside width buckets of pad_to_multiple_of tokens: a batch's windows
@@ -495,7 +495,7 @@ def collective_timeout(conf: dict[str, Any]) -> float | None:
 def resolved_learning_rate(hp: Hyperparameters, samples_per_step: int) -> float:
     """The peak learning rate at `samples_per_step` (global batch x aggregation) by hp's rule:
     learning_rate x (samples_per_step / reference_batch_size) ^ (0, 1/2 or 1). The one place the
-    rule lives; bench/lr_scaling.py measured which rule keeps F1 as the batch grows."""
+    rule lives; bench/lr_scaling.py measures which rule keeps F1 as the batch grows."""
     if hp.lr_scaling == "none":
         return hp.learning_rate
     if hp.reference_batch_size is None:
