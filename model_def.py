@@ -24,7 +24,7 @@ import data
 import det_internals
 import modeling
 import squad_metric
-from modeling import Collator, FeatureBatchSampler, FeatureDataset, model_inputs
+from modeling import FeatureDataset, model_inputs
 
 logger = logging.getLogger("squad")
 
@@ -229,17 +229,14 @@ class SquadTrial(pytorch.PyTorchTrial):
         except det.errors.InternalException:
             seed = self.plan.seed  # local: reproducibility.experiment_seed
         hp = self.plan.hparams
-        sampler = FeatureBatchSampler(
-            self.train_features.lengths,
+        sampler, collate = modeling.training_batches(
+            self.train_features,
             self.context.get_per_slot_batch_size(),
-            shuffle=True,
             batching=hp.batching,
+            multiple=hp.pad_to_multiple_of,
             seed=seed,
             ranks=self.context.distributed.size,
-            bucket_width=hp.pad_to_multiple_of,
         )
-        dynamic = hp.batching != "padded"
-        collate = Collator(self.train_features, dynamic, hp.pad_to_multiple_of, labels=True)
         return pytorch.DataLoader(
             FeatureDataset(len(self.train_features)),
             batch_sampler=sampler,

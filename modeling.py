@@ -159,6 +159,18 @@ class Collator:
         return batch
 
 
+def training_batches(
+    features: data.Features, batch_size: int, *, batching: str, multiple: int, seed: int, ranks: int = 1
+) -> tuple[FeatureBatchSampler, Collator]:
+    """How training batches windows (the trial and the benchmarks): `multiple` rounds each batch's
+    width up and is the bucket width; `padded` pads every window to max_seq_length."""
+    sampler = FeatureBatchSampler(
+        features.lengths, batch_size, shuffle=True, batching=batching, seed=seed, ranks=ranks,
+        bucket_width=multiple,
+    )  # fmt: skip
+    return sampler, Collator(features, batching != "padded", multiple, labels=True)
+
+
 def forward_params(model: torch.nn.Module) -> frozenset[str]:
     """What the model's forward takes (DistilBERT-like models take no token_type_ids)."""
     return frozenset(inspect.signature(model.forward).parameters)

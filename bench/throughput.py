@@ -195,15 +195,9 @@ class Table:
 def harness_overhead(setup: Setup, table: Table) -> dict[str, Any]:
     """1. The trial through Determined's local Trainer vs the bare loop, on the same batches."""
     args, hp, features = setup.args, setup.hp, setup.features
-    sampler = modeling.FeatureBatchSampler(
-        features.lengths,
-        args.batch_size,
-        shuffle=True,
-        batching=hp.batching,
-        seed=SEED,
-        bucket_width=hp.pad_to_multiple_of,
+    sampler, collate = modeling.training_batches(
+        features, args.batch_size, batching=hp.batching, multiple=hp.pad_to_multiple_of, seed=SEED
     )
-    collate = modeling.Collator(features, hp.batching != "padded", hp.pad_to_multiple_of, labels=True)
     trial_batches = [collate(ix.tolist()) for ix in sampler.batches(0)[: args.batches]]
     fast = Rung(
         "fast", hp.batching, hp.pad_to_multiple_of, hp.attn_implementation, "trial", args.precision,
@@ -309,14 +303,11 @@ def ladder(setup: Setup, table: Table) -> dict[str, Any]:
     )
     rows = []
     for rung in rungs:
+        # A fixed sample of the windows: sample[ix] maps the sampler's positions to features.
         sampler = modeling.FeatureBatchSampler(
-            features.lengths[sample],
-            args.batch_size,
-            shuffle=True,
-            batching=rung.batching,
-            seed=SEED,
+            features.lengths[sample], args.batch_size, shuffle=True, batching=rung.batching, seed=SEED,
             bucket_width=rung.multiple,
-        )
+        )  # fmt: skip
         collate = modeling.Collator(features, rung.batching != "padded", rung.multiple, labels=True)
         batches = [collate(sample[ix].tolist()) for ix in sampler.batches(0)]
         loop = Loop(setup.model_path, rung, hp, len(batches), device)
