@@ -408,7 +408,8 @@ class SearcherStop(pytorch.PyTorchCallback):
 
 
 class RunLog(pytorch.PyTorchCallback):
-    """Remembers what train.py reports at the end: steps, timings, last metrics, checkpoint."""
+    """Remembers what train.py reports at the end: steps, last metrics, checkpoint. (Its
+    throughput is the training windows' own, perf_metrics.run_rates.)"""
 
     def __init__(self, trial: SquadTrial) -> None:
         self.trial = trial
@@ -417,43 +418,22 @@ class RunLog(pytorch.PyTorchCallback):
         self.steps_completed = 0  # batches trained so far (a resumed run starts above zero)
         self.stopped_by_searcher = False
         self.last_train_loss: float | None = None
-        # Training wall time, excluding validation and checkpointing, for samples/s.
-        self.train_seconds = 0.0
-        self.batches_timed = 0
-        self._since: float | None = None
-
-    def _pause(self) -> None:
-        if self._since is not None:
-            self.train_seconds += time.perf_counter() - self._since
-            self._since = None
 
     def on_trial_startup(self, first_batch_idx: int, checkpoint_uuid: str | None) -> None:
         # Before the first batch (step-zero validation, or a resumed run whose final validation or
         # checkpoint is still pending) the count is where the run starts, not a batch index.
         self.steps_completed = first_batch_idx
 
-    def on_training_start(self) -> None:
-        self._since = time.perf_counter()
-
-    def on_validation_start(self) -> None:
-        self._pause()
-
-    def on_checkpoint_save_start(self, checkpoint: dict[str, Any]) -> None:
-        self._pause()
-
     def on_training_workload_end(self, avg_metrics: dict[str, Any], batch_metrics: Any) -> None:
         self.steps_completed = self.trial.context.current_train_batch() + 1
         if batch_metrics:
             self.last_train_loss = float(batch_metrics[-1]["loss"])
-            self.batches_timed += len(batch_metrics)
 
     def on_validation_end(self, metrics: dict[str, Any]) -> None:
         self.validation = dict(metrics)
-        self._since = time.perf_counter()
 
     def on_checkpoint_write_end(self, checkpoint_dir: str) -> None:
         self.checkpoint = str(checkpoint_dir)
-        self._since = time.perf_counter()
 
 
 class MetricSeries(pytorch.PyTorchCallback):

@@ -42,6 +42,10 @@ class TrainingThroughput(pytorch.MetricReducer):
         self.slots = slots
         self.samples_per_step = samples_per_step
         self.aggregation = aggregation
+        # The whole run so far (every window, never reset): train.py's final samples/s is the
+        # same measurement the WebUI charts, pooled.
+        self.run_seconds = 0.0
+        self.run_samples = 0
         self.reset()
 
     def reset(self) -> None:
@@ -75,6 +79,8 @@ class TrainingThroughput(pytorch.MetricReducer):
         window = max(max(seconds), 1e-9)
         if not sum(samples):
             return {}
+        self.run_seconds += window
+        self.run_samples += sum(samples)
         waiting = [w / max(s, 1e-9) for w, s in zip(wait, seconds, strict=True)]
         out = {
             "perf_samples_per_s": sum(samples) / window,
@@ -88,6 +94,14 @@ class TrainingThroughput(pytorch.MetricReducer):
         if peak[0] is not None:
             out["perf_peak_mem_gib"] = max(peak)
         return out
+
+
+def run_rates(perf: TrainingThroughput) -> dict[str, float]:
+    """Training seconds (the windows', so without validation and checkpoints) and samples/s."""
+    return {
+        "train_seconds": round(perf.run_seconds, 2),
+        "samples_per_s": round(perf.run_samples / max(perf.run_seconds, 1e-9), 2),
+    }
 
 
 def validation_rates(seconds: float, questions: int) -> dict[str, Any]:

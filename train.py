@@ -385,19 +385,21 @@ def run(args: argparse.Namespace, trial_class: type | None = None) -> dict[str, 
             return None
         if args.metrics_out:
             write_metrics(args.metrics_out, source.exp_conf, plan, context.distributed.size, series.series)
-        return final_result(trial.run_log, plan.hparams.global_batch_size)
+        return final_result(trial)
 
 
-def final_result(log: model_def.RunLog, global_batch_size: int) -> dict[str, Any]:
+def final_result(trial: model_def.SquadTrial) -> dict[str, Any]:
     """The last stdout line: final validation metrics, checkpoint, steps, loss, throughput."""
+    import perf_metrics
+
+    log = trial.run_log
     return {
         **{k: float(v) for k, v in log.validation.items() if k not in ("batches", "epochs")},
         "checkpoint": log.checkpoint,
         "steps_completed": log.steps_completed,
         "last_train_loss": log.last_train_loss,
         "stopped_by_searcher": log.stopped_by_searcher,
-        "train_seconds": round(log.train_seconds, 2),
-        "samples_per_s": round(log.batches_timed * global_batch_size / max(log.train_seconds, 1e-9), 2),
+        **perf_metrics.run_rates(trial.perf),
     }
 
 

@@ -130,6 +130,26 @@ def test_resolved_learning_rate_reaches_optimizer_schedule_and_the_lr_metric(
     assert dry["learning_rate"] == pytest.approx(resolved) and dry["reference_learning_rate"] == 1e-3
 
 
+def test_final_throughput_is_the_reports_own_pooled_over_windows(tiny_bert: Path, tmp_path: Path) -> None:
+    """train.py's last line states the samples/s the WebUI charts (perf_samples_per_s), pooled
+    over the run's windows -- one measurement, not a second clock beside it."""
+    conf = tiny_config(tiny_bert, tmp_path)
+    conf["scheduling_unit"] = 2
+    metrics = tmp_path / "metrics.json"
+    code, result, err = _run(conf, tmp_path, "--batches", "6", "--metrics-out", str(metrics))
+    assert code == 0, err
+    record = json.loads(metrics.read_text())
+    samples, seconds, done = 0, 0.0, 0
+    for report in record["training"]:
+        window = (report["steps_completed"] - done) * record["global_batch_size"]
+        done = report["steps_completed"]
+        samples += window
+        seconds += window / report["metrics"]["perf_samples_per_s"]
+    assert done == 6 and len(record["training"]) == 3
+    assert result["train_seconds"] == pytest.approx(seconds, abs=0.006)
+    assert result["samples_per_s"] == pytest.approx(samples / seconds, rel=1e-3, abs=0.006)
+
+
 def test_lr_schedule_values() -> None:
     from model_def import linear_warmup_decay
 
