@@ -80,13 +80,57 @@ def test_lr_scaling_report_pairs_seeds_and_judges_the_goals(tmp_path: Path) -> N
     path = tmp_path / "lr.json"
     path.write_text(json.dumps({"config": "local.yaml", "micro_batch": 4, "rows": rows}))
     out = _bench("lr_scaling.py", "report", "--json", str(path), "--png", str(tmp_path / "lr.png"))
-    assert "reference learning rate at 4 samples/step (best mean F1 at 1x): 0.0001" in out
+    assert "reference learning rate at 4 samples/step (best mean F1 at 1x, seeds 42, 43, 44): 0.0001" in out
     assert "Goals, with the best rule at 8x (sqrt):" in out
     assert "- PASS AdamW 4x, sqrt, within 2 of 1x: paired F1 difference -0.80 [-0.80, -0.80]" in out
     assert "- PASS AdamW 8x, sqrt, within 4 of 1x: paired F1 difference -1.60" in out
     assert "RAdam 2x (warm-up 0.1), sqrt, within 3 of AdamW 2x: not measured yet" in out
     assert "| adamw | 8 | 32 | linear | 0.0001 | 0.0008 | 0.1 | 5 | 46.94 ± " in out
     assert (tmp_path / "lr.png").stat().st_size > 10_000
+
+
+def test_lr_scaling_plan_gives_five_seeds_only_to_the_cells_a_goal_compares() -> None:
+    """The whole study played against a made-up F1 landscape (the best lr grows as sqrt(k), and a
+    bit more at 8x, so a swept lr beats the rule there): each phase is decided on the first 3
+    seeds, the compared cells get 5, the rest 3 -- 74 runs, not 92 with 5 seeds everywhere."""
+    import math
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    import lr_scaling
+    import study
+
+    def f1(c: dict, seed: int) -> float:
+        k = c["aggregation_frequency"]
+        best = 1e-4 * math.sqrt(k) * (1.6 if k == 8 else 1.0)
+        return 60 - 10 * abs(math.log2(lr_scaling.resolved(c) / best)) + 0.1 * (seed - 44)
+
+    seeds, rows = (42, 43, 44, 45, 46), []
+    for _ in range(4):
+        todo = [
+            r
+            for cells, s in lr_scaling.plan(rows, seeds)
+            for r in lr_scaling.runs(cells, s)
+            if r.seed not in study.by_seed(rows, r.cell)
+        ]
+        rows += [{**r.cell, "seed": r.seed, "f1": f1(r.cell, r.seed), "exact_match": 0.0} for r in todo]
+    assert lr_scaling.plan(rows, seeds) and not [
+        r for cells, s in lr_scaling.plan(rows, seeds) for r in lr_scaling.runs(cells, s)
+        if r.seed not in study.by_seed(rows, r.cell)
+    ]  # fmt: skip
+    assert len(rows) == len({(json.dumps(r, sort_keys=True)) for r in rows}) == 74
+    cell = lr_scaling.cell
+    five = [
+        cell("adamw", 1, "none", 1e-4),
+        *(cell("adamw", k, "sqrt", 1e-4) for k in (2, 4, 8)),
+        *(cell("radam", 2, "sqrt", 1e-4, w) for w in (0.1, 0.0)),
+        cell("adamw", 8, "none", 2 * lr_scaling.resolved(cell("adamw", 8, "sqrt", 1e-4))),  # the oracle
+    ]
+    counts = {}
+    for r in rows:
+        key = json.dumps({k: r[k] for k in five[0]}, sort_keys=True)
+        counts[key] = counts.get(key, 0) + 1
+    assert {k for k, n in counts.items() if n == 5} == {json.dumps(c, sort_keys=True) for c in five}
+    assert set(counts.values()) == {3, 5}
 
 
 def test_batching_stats_and_report(tmp_path: Path) -> None:
