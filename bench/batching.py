@@ -7,8 +7,8 @@
 
 Arms (hyperparameters.batching / pad_to_multiple_of, everything else the embedded default's
 local.yaml): padded (random batches at max_seq_length: the standard recipe), random/8 (random
-batches, dynamic padding), sorted/8 (sorted inside chunks of 50 batches: the default before this
-study), buckets/64 and buckets/32 (random batches inside width buckets).
+batches, dynamic padding), sorted/8 (sorted inside chunks of 50 batches: the default, before and
+after this study), buckets/64 and buckets/32 (random batches inside width buckets).
 
 - stats: per arm, over epochs 0 and 1 of the sampler with the study's seeds: padding share,
   the share of window pairs batched together in epoch 0 that are batched together again in
