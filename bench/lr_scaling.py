@@ -282,7 +282,9 @@ def main() -> int:
     )
     parser.add_argument("what", choices=["run", "report"])
     parser.add_argument("--jobs", type=int, default=1, help="runs side by side (a GPU takes several)")
-    parser.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "lr-scaling.json")
+    parser.add_argument(
+        "--json", type=Path, help="default: bench/results/lr-scaling-<cuda|cpu>.json, by where runs train"
+    )
     parser.add_argument("--png", type=Path, help="report: write the plot here")
     parser.add_argument("--seeds", default=SEEDS, help="comma-separated experiment seeds (paired)")
     parser.add_argument("--config", default="local.yaml", help="the base experiment (the embedded default)")
@@ -293,6 +295,11 @@ def main() -> int:
         args.seeds = tuple(int(s) for s in args.seeds.split(","))
     except ValueError:
         parser.error(f"--seeds: expected comma-separated integers, got {args.seeds!r}")
+    if args.json is None:
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        args.json = ROOT / "bench" / "results" / f"lr-scaling-{device}.json"
     result = study.load(args.json, {"config": args.config, "micro_batch": MICRO_BATCH})
     result["command"] = " ".join(["python3", "bench/lr_scaling.py", *sys.argv[1:]])
     if args.what == "run":
