@@ -159,19 +159,24 @@ def plan(rows: list[dict[str, Any]], seeds: tuple[int, ...]) -> list[Stage]:
     return stages
 
 
+def todo(rows: list[dict[str, Any]], seeds: tuple[int, ...]) -> list[study.Run]:
+    """The runs the plan has decided that have no row yet."""
+    return [
+        r
+        for cells, cell_seeds in plan(rows, seeds)
+        for r in runs(cells, cell_seeds)
+        if r.seed not in study.by_seed(rows, r.cell)
+    ]
+
+
 def run(args: argparse.Namespace, result: dict[str, Any]) -> dict[str, Any]:
     result["train_device"] = study.device_name()
     for _ in range(4):  # plan() decides in four steps; each pass runs what it has decided
-        todo = [
-            r
-            for cells, seeds in plan(result["rows"], args.seeds)
-            for r in runs(cells, seeds)
-            if r.seed not in study.by_seed(result["rows"], r.cell)
-        ]
-        if not todo:
+        pending = todo(result["rows"], args.seeds)
+        if not pending:
             break
         result = study.run_all(
-            todo, args.json, result, args.config, args.jobs, lambda r: {"resolved_lr": resolved(r.cell)}
+            pending, args.json, result, args.config, args.jobs, lambda r: {"resolved_lr": resolved(r.cell)}
         )
     return result
 
@@ -212,6 +217,7 @@ def report(result: dict[str, Any], png: Path | None, seeds: tuple[int, ...]) -> 
     if not rows:
         return "no runs yet"
     ref = reference_lr(rows, chosen_on)
+    stages = len(plan(rows, seeds))  # 1: the reference lr is not decided yet; 3: nor the rule
     one = cell("adamw", 1, "none", ref)
     cells = sorted(
         {json.dumps({k: r[k] for k in one}, sort_keys=True) for r in rows},
@@ -222,7 +228,8 @@ def report(result: dict[str, Any], png: Path | None, seeds: tuple[int, ...]) -> 
     )
     lines = [
         f"reference learning rate at {MICRO_BATCH} samples/step (best mean F1 at 1x, seeds "
-        f"{', '.join(map(str, chosen_on))}): {ref:g}",
+        f"{', '.join(map(str, chosen_on))}): {ref:g}"
+        + (" -- provisional: phase 1 is not complete" if stages == 1 else ""),
         "",
         "| optimizer | aggregation | samples/step | rule | lr (reference) | resolved lr | warm-up | runs "
         "| F1 mean ± std | EM mean ± std | F1 - AdamW 1x, paired [95 % CI] |",
@@ -236,7 +243,8 @@ def report(result: dict[str, Any], png: Path | None, seeds: tuple[int, ...]) -> 
             f"| {study.fmt_summary(s)} | {study.fmt_diff(s and s['diff'])} |"
         )
     rule, goal_lines = goals(rows, chosen_on)
-    lines += ["", f"Goals, with the best rule at 8x ({rule}):", *goal_lines]
+    decided = "" if stages > 3 else ", provisional: phase 2 is not complete"
+    lines += ["", f"Goals, with the best rule at 8x ({rule}{decided}):", *goal_lines]
     if png:
         plot(rows, ref, rule, oracle(rows, ref, rule, chosen_on), png)
         lines.append(f"\nplot: {png}")
