@@ -159,25 +159,26 @@ def plan(rows: list[dict[str, Any]], seeds: tuple[int, ...]) -> list[Stage]:
     return stages
 
 
+def planned(rows: list[dict[str, Any]], seeds: tuple[int, ...]) -> list[study.Run]:
+    """Every run the plan has decided so far, finished or not."""
+    return [r for cells, cell_seeds in plan(rows, seeds) for r in runs(cells, cell_seeds)]
+
+
 def todo(rows: list[dict[str, Any]], seeds: tuple[int, ...]) -> list[study.Run]:
     """The runs the plan has decided that have no row yet."""
-    return [
-        r
-        for cells, cell_seeds in plan(rows, seeds)
-        for r in runs(cells, cell_seeds)
-        if r.seed not in study.by_seed(rows, r.cell)
-    ]
+    return [r for r in planned(rows, seeds) if r.seed not in study.by_seed(rows, r.cell)]
 
 
 def run(args: argparse.Namespace, result: dict[str, Any]) -> dict[str, Any]:
     result["train_device"] = study.device_name()
     for _ in range(4):  # plan() decides in four steps; each pass runs what it has decided
-        pending = todo(result["rows"], args.seeds)
-        if not pending:
+        if not todo(result["rows"], args.seeds):
             break
+        # run_all skips the finished ones and says how many of the decided runs are done
         result = study.run_all(
-            pending, args.json, result, args.config, args.jobs, lambda r: {"resolved_lr": resolved(r.cell)}
-        )
+            planned(result["rows"], args.seeds), args.json, result, args.config, args.jobs,
+            lambda r: {"resolved_lr": resolved(r.cell)},
+        )  # fmt: skip
     return result
 
 
