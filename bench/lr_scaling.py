@@ -11,14 +11,16 @@ the rule in the config (hyperparameters.lr_scaling / reference_batch_size = 4).
 
 Phases (each needs the one before; rows are kept per run, so the study can span sessions). Every
 cell runs the first 3 seeds; the cells a goal compares run all 5; choices are made on the first 3:
-1. the reference learning rate at 1x (AdamW, 3 values): the best mean F1 is `ref` (5 seeds);
+1. the reference learning rate at 1x (AdamW, 5e-5 / 1e-4 / 2e-4): the best mean F1 is `ref`
+   (5 seeds);
 2. AdamW at k = 2, 4, 8 with each rule (none / sqrt / linear) from `ref`; the best at 8x is the
    rule to ship (5 seeds at every k);
-3. with that rule: the oracle at 8x (the rule's resolved lr x 1/2 and x 2; the best of the three
-   gets 5 seeds), LAMB at 1x and 8x, RAdam at 1x and 2x with and without the 10 % linear warm-up
+3. with that rule: the oracle at 8x (the rule's resolved lr x 1/2 and x 2; the best gets 5
+   seeds), LAMB at 1x and 8x, RAdam at 1x and 2x with and without the 10 % linear warm-up
    (5 seeds at 2x, where a goal compares it with AdamW).
-72-74 runs in all (`plan`; 74 when a swept lr beats the rule at 8x), each as long as the
-embedded default.
+Both sweeps (1 and the oracle's) grow by x2 past an end that scores best, up to twice, so the
+chosen lr is a peak and not the sweep's edge. 72-74 runs in all (`plan`; 74 when a swept lr
+beats the rule at 8x) plus 3 per growth, each as long as the embedded default.
 
 Goals (printed as PASS/FAIL; paired differences on shared seeds, 95 % t intervals): with the
 shipped rule, AdamW mean F1 within 2 points of 1x at 4x and within 4 points at 8x; within 1.5 of
@@ -31,6 +33,7 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +49,8 @@ import config  # noqa: E402
 
 MICRO_BATCH = 4
 REFERENCE_LRS = (5e-5, 1e-4, 2e-4)
+ORACLE_FACTORS = (0.5, 1.0, 2.0)  # x the rule's own lr at 8x
+MAX_EXTEND = 2  # a sweep grows past its best end (x2 each time) at most this often
 FREQUENCIES = (1, 2, 4, 8)
 RULES = ("none", "sqrt", "linear")
 SEEDS = "42,43,44,45,46"  # the comparisons' cells use them all, the others the first 3
@@ -92,8 +97,40 @@ def mean_f1(rows: list[dict[str, Any]], c: dict[str, Any], seeds: tuple[int, ...
     return sum(f1) / len(f1) if f1 else float("-inf")
 
 
+def complete_mean_f1(rows: list[dict[str, Any]], c: dict[str, Any], seeds: tuple[int, ...]) -> float | None:
+    """Mean F1 over `seeds` once the cell has every one of them, else None."""
+    return mean_f1(rows, c, seeds) if study.by_seed(rows, c).keys() >= set(seeds) else None
+
+
+def peaked(values: tuple[float, ...], score: Callable[[float], float | None]) -> list[float]:
+    """`values` (a sweep of learning rates or factors) grown by x2 past whichever end scores best
+    until the best lies inside (at most MAX_EXTEND times): a best at the edge of a sweep says the
+    peak may lie beyond it, and a reference or an oracle chosen there would be one by accident.
+    It grows only once every value is measured (score not None)."""
+    out = sorted(values)
+    for _ in range(MAX_EXTEND):
+        scores = [score(v) for v in out]
+        if any(sc is None for sc in scores):
+            break
+        best = out[max(range(len(out)), key=lambda i: scores[i])]
+        if best == out[-1]:
+            out.append(2 * best)
+        elif best == out[0]:
+            out.insert(0, best / 2)
+        else:
+            break
+    return out
+
+
+def reference_lrs(rows: list[dict[str, Any]], chosen_on: tuple[int, ...]) -> list[float]:
+    """The 1x sweep: REFERENCE_LRS, grown past its best end if that is where F1 peaks."""
+    return peaked(REFERENCE_LRS, lambda lr: complete_mean_f1(rows, cell("adamw", 1, "none", lr), chosen_on))
+
+
 def reference_lr(rows: list[dict[str, Any]], chosen_on: tuple[int, ...]) -> float:
-    return max(REFERENCE_LRS, key=lambda lr: mean_f1(rows, cell("adamw", 1, "none", lr), chosen_on))
+    return max(
+        reference_lrs(rows, chosen_on), key=lambda lr: mean_f1(rows, cell("adamw", 1, "none", lr), chosen_on)
+    )
 
 
 def best_rule(rows: list[dict[str, Any]], ref: float, chosen_on: tuple[int, ...]) -> str:
@@ -107,15 +144,24 @@ def best_rule(rows: list[dict[str, Any]], ref: float, chosen_on: tuple[int, ...]
     )
 
 
-def swept_at_8x(ref: float, rule: str) -> list[dict[str, Any]]:
-    """The oracle's candidates: the rule's own lr at 8x and half and twice it."""
-    best8 = resolved(cell("adamw", 8, rule, ref))
-    return [cell("adamw", 8, rule, ref), *(cell("adamw", 8, "none", best8 * f) for f in (0.5, 2.0))]
+def swept_at_8x(
+    rows: list[dict[str, Any]], ref: float, rule: str, chosen_on: tuple[int, ...]
+) -> list[dict[str, Any]]:
+    """The oracle's candidates, the rule's own cell first: its lr at 8x, half and twice it (and
+    beyond, while the best is at an end)."""
+    rule_cell = cell("adamw", 8, rule, ref)
+    best8 = resolved(rule_cell)
+
+    def at(f: float) -> dict[str, Any]:
+        return rule_cell if f == 1.0 else cell("adamw", 8, "none", best8 * f)
+
+    factors = peaked(ORACLE_FACTORS, lambda f: complete_mean_f1(rows, at(f), chosen_on))
+    return [rule_cell, *(at(f) for f in factors if f != 1.0)]
 
 
 def oracle(rows: list[dict[str, Any]], ref: float, rule: str, chosen_on: tuple[int, ...]) -> dict[str, Any]:
     """The best of the swept learning rates at 8x (on the seeds every candidate has)."""
-    return max(swept_at_8x(ref, rule), key=lambda c: mean_f1(rows, c, chosen_on))
+    return max(swept_at_8x(rows, ref, rule, chosen_on), key=lambda c: mean_f1(rows, c, chosen_on))
 
 
 Stage = tuple[list[dict[str, Any]], tuple[int, ...]]
@@ -128,7 +174,7 @@ def plan(rows: list[dict[str, Any]], seeds: tuple[int, ...]) -> list[Stage]:
     5 where compared, 3 elsewhere). Choices (the reference lr, the rule, the oracle) are made on
     the first 3 seeds, which every candidate has."""
     first3 = seeds[:3]
-    stages: list[Stage] = [([cell("adamw", 1, "none", lr) for lr in REFERENCE_LRS], first3)]
+    stages: list[Stage] = [([cell("adamw", 1, "none", lr) for lr in reference_lrs(rows, first3)], first3)]
 
     def complete() -> bool:
         return all(study.by_seed(rows, c).keys() >= set(s) for cells, s in stages for c in cells)
@@ -146,7 +192,7 @@ def plan(rows: list[dict[str, Any]], seeds: tuple[int, ...]) -> list[Stage]:
     stages += [
         ([cell("adamw", k, rule, ref) for k in FREQUENCIES[1:]], seeds),  # the shipped rule
         (
-            swept_at_8x(ref, rule)[1:]
+            swept_at_8x(rows, ref, rule, first3)[1:]
             + [cell("lamb", k, rule, ref) for k in (1, 8)]
             + [cell("radam", 1, rule, ref, w) for w in (WARMUP, 0.0)],
             first3,
@@ -171,7 +217,7 @@ def todo(rows: list[dict[str, Any]], seeds: tuple[int, ...]) -> list[study.Run]:
 
 def run(args: argparse.Namespace, result: dict[str, Any]) -> dict[str, Any]:
     result["train_device"] = study.device_name()
-    for _ in range(4):  # plan() decides in four steps; each pass runs what it has decided
+    for _ in range(4 + 2 * MAX_EXTEND):  # plan() decides in steps; each pass runs what it has decided
         if not todo(result["rows"], args.seeds):
             break
         # run_all skips the finished ones and says how many of the decided runs are done

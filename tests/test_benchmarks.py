@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -89,10 +90,36 @@ def test_lr_scaling_report_pairs_seeds_and_judges_the_goals(tmp_path: Path) -> N
     assert (tmp_path / "lr.png").stat().st_size > 10_000
 
 
+def _play_lr_study(f1: Callable[[dict, int], float]) -> list[dict]:
+    """bench/lr_scaling.py's whole plan played against a made-up F1 landscape, pass by pass as
+    its run() does (each pass runs what the rows so far have decided)."""
+    import lr_scaling
+
+    seeds, rows = (42, 43, 44, 45, 46), []
+    for _ in range(10):
+        pending = lr_scaling.todo(rows, seeds)
+        if not pending:
+            break
+        rows += [{**r.cell, "seed": r.seed, "f1": f1(r.cell, r.seed), "exact_match": 0.0} for r in pending]
+    assert not lr_scaling.todo(rows, seeds)
+    assert len(rows) == len({(json.dumps(r, sort_keys=True)) for r in rows})
+    return rows
+
+
+def _runs_per_cell(rows: list[dict]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for r in rows:
+        key = json.dumps({k: r[k] for k in ("optimizer", "aggregation_frequency", "lr_scaling",
+                                            "learning_rate", "warmup_ratio")}, sort_keys=True)  # fmt: skip
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
 def test_lr_scaling_plan_gives_five_seeds_only_to_the_cells_a_goal_compares() -> None:
-    """The whole study played against a made-up F1 landscape (the best lr grows as sqrt(k), and a
-    bit more at 8x, so a swept lr beats the rule there): each phase is decided on the first 3
-    seeds, the compared cells get 5, the rest 3 -- 74 runs, not 92 with 5 seeds everywhere."""
+    """The whole study played against a made-up F1 landscape (the best lr grows as sqrt(k), and
+    1.6x more at 8x, so twice the rule's lr beats it there): each phase is decided on the first 3
+    seeds, the compared cells get 5, the rest 3; the oracle sweep, best at its upper end (x2),
+    grows to x4 (worse, so it stops) -- 77 runs, not 92 with 5 seeds everywhere."""
     import math
 
     sys.path.insert(0, str(ROOT / "bench"))
@@ -103,34 +130,54 @@ def test_lr_scaling_plan_gives_five_seeds_only_to_the_cells_a_goal_compares() ->
         best = 1e-4 * math.sqrt(k) * (1.6 if k == 8 else 1.0)
         return 60 - 10 * abs(math.log2(lr_scaling.resolved(c) / best)) + 0.1 * (seed - 44)
 
-    seeds, rows = (42, 43, 44, 45, 46), []
+    seeds = (42, 43, 44, 45, 46)
     partial = [
         {**r.cell, "seed": r.seed, "f1": f1(r.cell, r.seed), "exact_match": 0.0}
-        for r in lr_scaling.todo(rows, seeds)[:4]
+        for r in lr_scaling.todo([], seeds)[:4]
     ]
     out = lr_scaling.report({"rows": partial}, None, seeds)
     assert "-- provisional: phase 1 is not complete" in out and "phase 2 is not complete" in out
-    for _ in range(4):  # as lr_scaling.run passes over the plan
-        rows += [
-            {**r.cell, "seed": r.seed, "f1": f1(r.cell, r.seed), "exact_match": 0.0}
-            for r in lr_scaling.todo(rows, seeds)
-        ]
-    assert not lr_scaling.todo(rows, seeds)
+    rows = _play_lr_study(f1)
     assert "provisional" not in lr_scaling.report({"rows": rows}, None, seeds)
-    assert len(rows) == len({(json.dumps(r, sort_keys=True)) for r in rows}) == 74
+    assert len(rows) == 77
     cell = lr_scaling.cell
+    rule8 = lr_scaling.resolved(cell("adamw", 8, "sqrt", 1e-4))
     five = [
         cell("adamw", 1, "none", 1e-4),
         *(cell("adamw", k, "sqrt", 1e-4) for k in (2, 4, 8)),
         *(cell("radam", 2, "sqrt", 1e-4, w) for w in (0.1, 0.0)),
-        cell("adamw", 8, "none", 2 * lr_scaling.resolved(cell("adamw", 8, "sqrt", 1e-4))),  # the oracle
+        cell("adamw", 8, "none", 2 * rule8),  # the oracle
     ]
-    counts = {}
-    for r in rows:
-        key = json.dumps({k: r[k] for k in five[0]}, sort_keys=True)
-        counts[key] = counts.get(key, 0) + 1
+    counts = _runs_per_cell(rows)
     assert {k for k, n in counts.items() if n == 5} == {json.dumps(c, sort_keys=True) for c in five}
     assert set(counts.values()) == {3, 5}
+    swept = lr_scaling.swept_at_8x(rows, 1e-4, "sqrt", seeds[:3])
+    assert [c["learning_rate"] for c in swept[1:]] == [0.5 * rule8, 2 * rule8, 4 * rule8]  # grown past x2
+    assert all(counts[json.dumps(c, sort_keys=True)] >= 3 for c in swept)
+    assert lr_scaling.oracle(rows, 1e-4, "sqrt", seeds[:3]) == cell("adamw", 8, "none", 2 * rule8)
+
+
+def test_lr_scaling_reference_sweep_grows_past_an_edge_that_scores_best() -> None:
+    """F1 at 1x peaks at 3e-4, above the sweep 5e-5 / 1e-4 / 2e-4: the sweep adds 4e-4 (now the
+    best, again the edge) and 8e-4 (worse), stops there, and 4e-4 is the reference every later
+    phase scales from."""
+    import math
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    import lr_scaling
+
+    def f1(c: dict, seed: int) -> float:
+        best = 3e-4 * math.sqrt(c["aggregation_frequency"])
+        return 60 - 10 * abs(math.log2(lr_scaling.resolved(c) / best)) + 0.1 * (seed - 44)
+
+    rows = _play_lr_study(f1)
+    ones = {r["learning_rate"] for r in rows if r["aggregation_frequency"] == 1 and r["optimizer"] == "adamw"}
+    assert sorted(ones) == [5e-5, 1e-4, 2e-4, 4e-4, 8e-4]
+    assert lr_scaling.reference_lr(rows, (42, 43, 44)) == 4e-4
+    counts = _runs_per_cell(rows)
+    assert counts[json.dumps(lr_scaling.cell("adamw", 1, "none", 4e-4), sort_keys=True)] == 5
+    assert counts[json.dumps(lr_scaling.cell("adamw", 1, "none", 8e-4), sort_keys=True)] == 3
+    assert all(r["learning_rate"] == 4e-4 for r in rows if r["aggregation_frequency"] in (2, 4))
 
 
 def test_batching_stats_and_report(tmp_path: Path) -> None:
