@@ -206,8 +206,11 @@ def plan(rows: list[dict[str, Any]], seeds: tuple[int, ...]) -> list[Stage]:
 
 
 def planned(rows: list[dict[str, Any]], seeds: tuple[int, ...]) -> list[study.Run]:
-    """Every run the plan has decided so far, finished or not."""
-    return [r for cells, cell_seeds in plan(rows, seeds) for r in runs(cells, cell_seeds)]
+    """Every run the plan has decided so far, finished or not, seed by seed: a study stopped
+    part-way (it spans sessions) leaves every cell of a phase with the same seeds, so the rows
+    so far already compare them on paired seeds."""
+    decided = [r for cells, cell_seeds in plan(rows, seeds) for r in runs(cells, cell_seeds)]
+    return sorted(decided, key=lambda r: seeds.index(r.seed))  # stable: cells keep their order
 
 
 def todo(rows: list[dict[str, Any]], seeds: tuple[int, ...]) -> list[study.Run]:

@@ -137,6 +137,13 @@ def test_lr_scaling_plan_gives_five_seeds_only_to_the_cells_a_goal_compares() ->
     ]
     out = lr_scaling.report({"rows": partial}, None, seeds)
     assert "-- provisional: phase 1 is not complete" in out and "phase 2 is not complete" in out
+    phase1 = [
+        {**r.cell, "seed": r.seed, "f1": f1(r.cell, r.seed), "exact_match": 0.0}
+        for r in lr_scaling.todo([], seeds)
+    ]
+    phase2 = lr_scaling.todo(phase1, seeds)  # seed by seed: stopped anywhere, its cells stay paired
+    assert [r.seed for r in phase2] == [42] * 9 + [43] * 9 + [44] * 9 + [45, 46]
+    assert len({json.dumps(r.cell, sort_keys=True) for r in phase2[:9]}) == 9
     rows = _play_lr_study(f1)
     assert "provisional" not in lr_scaling.report({"rows": rows}, None, seeds)
     assert len(rows) == 77
