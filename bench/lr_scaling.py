@@ -210,7 +210,8 @@ def planned(rows: list[dict[str, Any]], seeds: tuple[int, ...]) -> list[study.Ru
     part-way (it spans sessions) leaves every cell of a phase with the same seeds, so the rows
     so far already compare them on paired seeds."""
     decided = [r for cells, cell_seeds in plan(rows, seeds) for r in runs(cells, cell_seeds)]
-    return sorted(decided, key=lambda r: seeds.index(r.seed))  # stable: cells keep their order
+    once = list({r.key: r for r in decided}.values())  # 1x's first 3 seeds are in two stages
+    return sorted(once, key=lambda r: seeds.index(r.seed))  # stable: cells keep their order
 
 
 def todo(rows: list[dict[str, Any]], seeds: tuple[int, ...]) -> list[study.Run]:

@@ -144,6 +144,7 @@ def test_lr_scaling_plan_gives_five_seeds_only_to_the_cells_a_goal_compares() ->
     phase2 = lr_scaling.todo(phase1, seeds)  # seed by seed: stopped anywhere, its cells stay paired
     assert [r.seed for r in phase2] == [42] * 9 + [43] * 9 + [44] * 9 + [45, 46]
     assert len({json.dumps(r.cell, sort_keys=True) for r in phase2[:9]}) == 9
+    assert len(lr_scaling.planned(phase1, seeds)) == 9 + 2 + 27  # each run once: the progress count
     rows = _play_lr_study(f1)
     assert "provisional" not in lr_scaling.report({"rows": rows}, None, seeds)
     assert len(rows) == 77
