@@ -18,7 +18,7 @@ cell runs the first 3 seeds; the cells a goal compares run all 5; choices are ma
 3. with that rule: the oracle at 8x (the rule's resolved lr x 1/2 and x 2; the best gets 5
    seeds), LAMB at 1x and 8x, RAdam at 1x and 2x with and without the 10 % linear warm-up
    (5 seeds at 2x, where a goal compares it with AdamW).
-Both sweeps (1 and the oracle's) grow by x2 past an end that scores best, up to twice, so the
+Both sweeps (1x's and the oracle's) grow by x2 past an end that scores best, up to twice, so the
 chosen lr is a peak and not the sweep's edge. 72-74 runs in all (`plan`; 74 when a swept lr
 beats the rule at 8x) plus 3 per growth, each as long as the embedded default.
 
