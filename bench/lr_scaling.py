@@ -97,9 +97,13 @@ def mean_f1(rows: list[dict[str, Any]], c: dict[str, Any], seeds: tuple[int, ...
     return sum(f1) / len(f1) if f1 else float("-inf")
 
 
+def has_seeds(rows: list[dict[str, Any]], c: dict[str, Any], seeds: tuple[int, ...]) -> bool:
+    return study.by_seed(rows, c).keys() >= set(seeds)
+
+
 def complete_mean_f1(rows: list[dict[str, Any]], c: dict[str, Any], seeds: tuple[int, ...]) -> float | None:
     """Mean F1 over `seeds` once the cell has every one of them, else None."""
-    return mean_f1(rows, c, seeds) if study.by_seed(rows, c).keys() >= set(seeds) else None
+    return mean_f1(rows, c, seeds) if has_seeds(rows, c, seeds) else None
 
 
 def peaked(values: tuple[float, ...], score: Callable[[float], float | None]) -> list[float]:
@@ -177,7 +181,7 @@ def plan(rows: list[dict[str, Any]], seeds: tuple[int, ...]) -> list[Stage]:
     stages: list[Stage] = [([cell("adamw", 1, "none", lr) for lr in reference_lrs(rows, first3)], first3)]
 
     def complete() -> bool:
-        return all(study.by_seed(rows, c).keys() >= set(s) for cells, s in stages for c in cells)
+        return all(has_seeds(rows, c, s) for cells, s in stages for c in cells)
 
     if not complete():
         return stages
