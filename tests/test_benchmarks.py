@@ -62,13 +62,15 @@ def _bench(script: str, *args: str) -> str:
 
 def test_lr_scaling_report_pairs_seeds_and_judges_the_goals(tmp_path: Path) -> None:
     """bench/lr_scaling.py report on recorded rows: the reference lr is the best at 1x, goals are
-    paired differences on shared seeds, the next phase's cells are 'not measured yet'."""
+    paired differences on shared seeds, RAdam's forms (beta2 0.999 / 0.99) are cells of their own,
+    the cells not run yet are 'not measured yet'."""
     seeds, rows = [42, 43, 44, 45, 46], []
 
-    def add(k: int, rule: str, lr: float, f1s: list[float]) -> None:
+    def add(k: int, rule: str, lr: float, f1s: list[float], optimizer: str = "adamw", **more: float) -> None:
         for seed, f1 in zip(seeds, f1s, strict=True):
-            cell = {"optimizer": "adamw", "aggregation_frequency": k, "lr_scaling": rule, "learning_rate": lr}
-            rows.append({**cell, "warmup_ratio": 0.1, "seed": seed, "f1": f1, "exact_match": f1 - 8})
+            cell = {"optimizer": optimizer, "aggregation_frequency": k, "lr_scaling": rule}
+            row = {**cell, "learning_rate": lr, "warmup_ratio": 0.1, **more, "seed": seed}
+            rows.append({**row, "f1": f1, "exact_match": f1 - 8})
 
     one = [50.0, 52.0, 51.0, 53.0, 49.0]
     add(1, "none", 5e-5, [f - 10 for f in one])
@@ -78,6 +80,8 @@ def test_lr_scaling_report_pairs_seeds_and_judges_the_goals(tmp_path: Path) -> N
         add(k, "none", 1e-4, [f - 3 * k for f in one])
         add(k, "sqrt", 1e-4, [f - 0.2 * k for f in one])  # within the goals
         add(k, "linear", 1e-4, [f - 0.5 * k + (0.3 if i % 2 else -0.3) for i, f in enumerate(one)])
+    add(2, "sqrt", 1e-4, [f - 8 for f in one], "radam", warmup_ratio=0.0, adam_beta2=0.999)
+    add(2, "sqrt", 1e-4, [f - 1 for f in one], "radam", warmup_ratio=0.0, adam_beta2=0.99)
     path = tmp_path / "lr.json"
     path.write_text(json.dumps({"config": "local.yaml", "micro_batch": 4, "rows": rows}))
     out = _bench("lr_scaling.py", "report", "--json", str(path), "--png", str(tmp_path / "lr.png"))
@@ -85,8 +89,13 @@ def test_lr_scaling_report_pairs_seeds_and_judges_the_goals(tmp_path: Path) -> N
     assert "Goals, with the best rule at 8x (sqrt):" in out
     assert "- PASS AdamW 4x, sqrt, within 2 of 1x: paired F1 difference -0.80 [-0.80, -0.80]" in out
     assert "- PASS AdamW 8x, sqrt, within 4 of 1x: paired F1 difference -1.60" in out
-    assert "RAdam 2x (warm-up 0.1), sqrt, within 3 of AdamW 2x: not measured yet" in out
-    assert "| adamw | 8 | 32 | linear | 0.0001 | 0.0008 | 0.1 | 5 | 46.94 ± " in out
+    assert "RAdam 2x (warm-up 0.1, beta2 0.999), sqrt, within 3 of AdamW 2x: not measured yet" in out
+    radam = "RAdam 2x (warm-up 0, beta2 {}), sqrt, within 3 of AdamW 2x: paired F1 difference"
+    assert f"- FAIL {radam.format(0.999)} -7.60" in out
+    assert f"- PASS {radam.format(0.99)} -0.60" in out
+    assert "| radam | 2 | 8 | sqrt | 0.0001 | 0.000141 | 0 | 0.999 | 5 | 43.00 ± " in out
+    assert "| radam | 2 | 8 | sqrt | 0.0001 | 0.000141 | 0 | 0.99 | 5 | 50.00 ± " in out
+    assert "| adamw | 8 | 32 | linear | 0.0001 | 0.0008 | 0.1 | 0.999 | 5 | 46.94 ± " in out
     assert (tmp_path / "lr.png").stat().st_size > 10_000
 
 
@@ -110,7 +119,8 @@ def _runs_per_cell(rows: list[dict]) -> dict[str, int]:
     counts: dict[str, int] = {}
     for r in rows:
         key = json.dumps({k: r[k] for k in ("optimizer", "aggregation_frequency", "lr_scaling",
-                                            "learning_rate", "warmup_ratio")}, sort_keys=True)  # fmt: skip
+                                            "learning_rate", "warmup_ratio", "adam_beta2") if k in r},
+                         sort_keys=True)  # fmt: skip
         counts[key] = counts.get(key, 0) + 1
     return counts
 
@@ -119,7 +129,7 @@ def test_lr_scaling_plan_gives_five_seeds_only_to_the_cells_a_goal_compares() ->
     """The whole study played against a made-up F1 landscape (the best lr grows as sqrt(k), and
     1.6x more at 8x, so twice the rule's lr beats it there): each phase is decided on the first 3
     seeds, the compared cells get 5, the rest 3; the oracle sweep, best at its upper end (x2),
-    grows to x4 (worse, so it stops) -- 77 runs, not 92 with 5 seeds everywhere."""
+    grows to x4 (worse, so it stops) -- 85 runs, not 102 with 5 seeds everywhere."""
     import math
 
     sys.path.insert(0, str(ROOT / "bench"))
@@ -147,13 +157,13 @@ def test_lr_scaling_plan_gives_five_seeds_only_to_the_cells_a_goal_compares() ->
     assert len(lr_scaling.planned(phase1, seeds)) == 9 + 2 + 27  # each run once: the progress count
     rows = _play_lr_study(f1)
     assert "provisional" not in lr_scaling.report({"rows": rows}, None, seeds)
-    assert len(rows) == 77
+    assert len(rows) == 85
     cell = lr_scaling.cell
     rule8 = lr_scaling.resolved(cell("adamw", 8, "sqrt", 1e-4))
     five = [
         cell("adamw", 1, "none", 1e-4),
         *(cell("adamw", k, "sqrt", 1e-4) for k in (2, 4, 8)),
-        *(cell("radam", 2, "sqrt", 1e-4, w) for w in (0.1, 0.0)),
+        *lr_scaling.radam_forms(2, "sqrt", 1e-4),  # as shipped, no linear warm-up, beta2 0.99
         cell("adamw", 8, "none", 2 * rule8),  # the oracle
     ]
     counts = _runs_per_cell(rows)
