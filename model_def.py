@@ -105,6 +105,64 @@ def linear_warmup_decay(total_steps: int, warmup_steps: int) -> Any:
     return factor
 
 
+def radam_rectifier(step: int, beta2: float) -> float:
+    """RAdam's factor on its adaptive step at optimizer step `step` (from 1), as torch.optim.RAdam
+    computes it. While rho_t <= 5 (the first 5 steps) torch takes an un-normalized momentum step
+    instead, gradient-sized and so negligible next to an Adam step: counted as 0."""
+    rho_inf = 2 / (1 - beta2) - 1
+    decay = beta2**step
+    rho_t = rho_inf - 2 * step * decay / (1 - decay)
+    if rho_t <= 5:
+        return 0.0
+    return math.sqrt((rho_t - 4) * (rho_t - 2) * rho_inf / ((rho_inf - 4) * (rho_inf - 2) * rho_t))
+
+
+def radam_half_lr_step(beta2: float) -> int:
+    """The first optimizer step at which RAdam's rectifier lets at least half the lr through."""
+    step = 1
+    while radam_rectifier(step, beta2) < 0.5:
+        step += 1
+    return step
+
+
+def radam_step_share(total_steps: int, warmup_steps: int, beta2: float) -> float:
+    """How far RAdam moves the weights over a run relative to AdamW at the same lr and schedule:
+    the schedule-weighted mean of its rectifier (a built-in warm-up, thousands of steps long at
+    the default beta2 0.999)."""
+    schedule = linear_warmup_decay(total_steps, warmup_steps)
+    weights = [schedule(step) for step in range(total_steps)]
+    rectified = sum(w * radam_rectifier(step + 1, beta2) for step, w in enumerate(weights))
+    return rectified / max(sum(weights), 1e-12)
+
+
+RADAM_MIN_SHARE = 0.5  # below this, RAdam trains like a fraction of the lr it is given
+RADAM_SHORT_BETA2 = 0.99  # rectifier past half the lr after 61 steps instead of 556
+
+
+def radam_warning(hp: config.Hyperparameters, total_steps: int, warmup_steps: int) -> str | None:
+    """What to tell a user whose RAdam run is too short for its rectifier (None when it is not).
+    bench/lr_scaling.py measures these forms against AdamW (docs/scaling.md)."""
+    if hp.optimizer != "radam":
+        return None
+    share = radam_step_share(total_steps, warmup_steps, hp.adam_beta2)
+    if share >= RADAM_MIN_SHARE:
+        return None
+    msg = (
+        f"hyperparameters.optimizer radam with adam_beta2 {hp.adam_beta2:g} over this run's "
+        f"{total_steps} optimizer steps: its rectifier keeps the step under half the learning rate "
+        f"for the first {radam_half_lr_step(hp.adam_beta2) - 1} steps, so the run moves the weights "
+        f"{share:.2f}x as far as AdamW at the same learning rate and schedule"
+        + (f", on top of warmup_ratio {hp.warmup_ratio:g}'s own warm-up" if warmup_steps else "")
+        + ". "
+    )
+    short = radam_step_share(total_steps, warmup_steps, RADAM_SHORT_BETA2)
+    if hp.adam_beta2 > RADAM_SHORT_BETA2 and short >= RADAM_MIN_SHARE:
+        return msg + (
+            f"Set adam_beta2: {RADAM_SHORT_BETA2:g} ({short:.2f}x), train longer, or use optimizer: adamw."
+        )
+    return msg + "Train longer or use optimizer: adamw."
+
+
 # --------------------------------------------------------------------------------------------
 # The trial.
 # --------------------------------------------------------------------------------------------
@@ -218,6 +276,9 @@ class SquadTrial(pytorch.PyTorchTrial):
         total = self.total_optimizer_steps()
         warmup = int(self.plan.hparams.warmup_ratio * total)
         self.total_steps, self.warmup_steps = total, warmup
+        warning = radam_warning(self.plan.hparams, total, warmup)
+        if warning and context.distributed.rank == 0:
+            logger.warning(warning)
         self.lr_scheduler = context.wrap_lr_scheduler(
             torch.optim.lr_scheduler.LambdaLR(self.optimizer, linear_warmup_decay(total, warmup)),
             step_mode=pytorch.LRScheduler.StepMode.STEP_EVERY_OPTIMIZER_STEP,

@@ -306,6 +306,7 @@ def describe(plan: config.RunPlan, conf: dict[str, Any], slots: int) -> dict[str
         "step_zero_validation": plan.step_zero_validation,
         "reporting_period_batches": plan.reporting_period,
         "optimizer": plan.hparams.optimizer,
+        "adam_betas": [plan.hparams.adam_beta1, plan.hparams.adam_beta2],  # AdamW / RAdam / LAMB
         "learning_rate": plan.learning_rate,  # what the optimizer runs at (the rule applied)
         "reference_learning_rate": plan.hparams.learning_rate,
         "reference_batch_size": plan.hparams.reference_batch_size,

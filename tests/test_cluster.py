@@ -166,6 +166,8 @@ def test_dry_run_prints_the_plan_without_a_model(tmp_path: Path) -> None:
     out = run_cli(["train.py", "--config", str(ROOT / "multi_machine.yaml"), "--dry-run"])
     assert out["slots"] == 16 and out["aggregation_frequency"] == 2 and out["optimizer"] == "radam"
     assert out["per_slot_batch_size"] * 16 == out["global_batch_size"]
+    yaml_hp = config.load_yaml(ROOT / "multi_machine.yaml")["hyperparameters"]
+    assert out["adam_betas"] == [yaml_hp.get(f"adam_beta{i}", d) for i, d in ((1, 0.9), (2, 0.999))]
     assert out["training_length"] == {"epochs": 2} and out["batches"] is None and "note" in out
     search = run_cli(["train.py", "--config", str(ROOT / "search.yaml"), "--dry-run"])
     assert search["asha_brackets"] == [[625, 2500, 10000], [2500, 10000]]

@@ -78,6 +78,15 @@ def test_each_machine_builds_its_own_cache_and_gets_the_same_settings(two_machin
 RESOLVED_LR = 1e-3 * (8 * 2 / 32) ** 0.5
 
 
+def test_the_chief_alone_warns_that_radam_is_too_short(two_machines) -> None:
+    """12 optimizer steps of RAdam: its rectifier lets almost none of the lr through; rank 0 says
+    so once, before training, in the log the WebUI shows."""
+    _, _, _, _, record = two_machines
+    warned = [line for line in record.logs[0].splitlines() if "rectifier keeps the step under half" in line]
+    assert len(warned) == 1 and "[rank=0]" in warned[0] and "WARNING" in warned[0], warned
+    assert "over this run's 12 optimizer steps" in warned[0]
+
+
 def test_the_master_records_the_resolved_learning_rate(two_machines) -> None:
     """multi_machine.yaml as the master hands it (aggregation 2, lr_scaling sqrt): 12 optimizer
     steps, warm-up int(0.1 x 12) = 1 step, so the first report (2 batches, step 0) is the peak."""

@@ -68,7 +68,7 @@ def test_train_validate_checkpoint_and_hf_export(tiny_bert: Path, tmp_path: Path
 
 @pytest.mark.parametrize("optimizer, precision", [("adamw", "bf16"), ("radam", "fp32"), ("lamb", "fp32")])
 def test_each_optimizer_and_precision(
-    optimizer: str, precision: str, tiny_bert: Path, tmp_path: Path
+    optimizer: str, precision: str, tiny_bert: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     conf = tiny_config(tiny_bert, tmp_path)
     conf["hyperparameters"].update(optimizer=optimizer, precision=precision, learning_rate=5e-3)
@@ -80,6 +80,47 @@ def test_each_optimizer_and_precision(
     trained = _state(result["checkpoint"])["models_state_dict"][0]
     assert not torch.equal(init["qa_outputs.weight"], trained["qa_outputs.weight"])  # it trained
     assert math.isfinite(result["last_train_loss"])
+    # 6 optimizer steps are far too few for RAdam's rectifier: the run says so before training.
+    warned = [r for r in caplog.records if "rectifier keeps the step under half" in r.getMessage()]
+    assert len(warned) == (optimizer == "radam")
+
+
+def test_radam_rectifier_is_torchs() -> None:
+    """A constant tiny gradient (eps far below it) makes each RAdam step lr x its rectifier, so the
+    steps torch.optim.RAdam takes are the arithmetic model_def's warning rests on."""
+    from model_def import radam_rectifier
+
+    for beta2 in (0.999, 0.99):
+        param = torch.nn.Parameter(torch.zeros(1, dtype=torch.float64))
+        opt = torch.optim.RAdam([param], lr=1.0, betas=(0.9, beta2), eps=1e-30)
+        steps = []
+        for _ in range(80):
+            before = param.detach().clone()
+            param.grad = torch.full_like(param, 1e-9)
+            opt.step()
+            steps.append(float(before - param.detach()))
+        # the first 5 (rho_t <= 5) are un-normalized momentum steps: gradient-sized, counted as 0
+        expected = [radam_rectifier(t, beta2) for t in range(1, 81)]
+        assert steps == pytest.approx(expected, rel=1e-6, abs=1e-8)
+        assert expected[:5] == [0.0] * 5 and 0 < expected[5] < expected[-1] < 1
+
+
+def test_radam_warning_names_the_fix_for_short_runs() -> None:
+    """multi_machine.yaml as shipped before the lr study (beta2 0.999) on full SQuAD is ~461 optimizer
+    steps: RAdam moves the weights a quarter as far as AdamW would; beta2 0.99 clears the bar."""
+    from model_def import radam_half_lr_step, radam_step_share, radam_warning
+
+    assert (radam_half_lr_step(0.999), radam_half_lr_step(0.99)) == (556, 61)
+    radam = config.Hyperparameters(optimizer="radam", warmup_ratio=0.1)
+    assert radam_step_share(461, 46, 0.999) == pytest.approx(0.27, abs=0.01)
+    msg = radam_warning(radam, 461, 46)
+    assert msg and "adam_beta2 0.999" in msg and "first 555 steps" in msg and "0.27x" in msg
+    assert "Set adam_beta2: 0.99 (0.71x)" in msg
+    short = config.Hyperparameters(optimizer="radam", warmup_ratio=0.1, adam_beta2=0.99)
+    assert radam_warning(short, 461, 46) is None
+    assert radam_warning(radam, 7380, 738) is None  # long enough: the rectifier averages 0.82
+    assert "Train longer or use optimizer: adamw" in radam_warning(short, 12, 1)
+    assert radam_warning(config.Hyperparameters(optimizer="adamw"), 12, 1) is None
 
 
 def test_aggregation_frequency_from_the_yaml_reaches_the_trial(tiny_bert: Path, tmp_path: Path) -> None:
