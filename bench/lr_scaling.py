@@ -258,7 +258,10 @@ def run(args: argparse.Namespace, result: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def goals(rows: list[dict[str, Any]], chosen_on: tuple[int, ...]) -> tuple[str, list[str]]:
+def goals(rows: list[dict[str, Any]], seeds: tuple[int, ...]) -> tuple[str, list[str]]:
+    """The issue's goals as PASS/FAIL lines; a verdict on fewer seeds than the goal's cells get is
+    marked provisional, and the oracle goal waits until every swept lr has the first 3 seeds."""
+    chosen_on = seeds[:3]
     ref = reference_lr(rows, chosen_on)
     rule = best_rule(rows, ref, chosen_on)
     one = cell("adamw", 1, "none", ref)
@@ -269,16 +272,25 @@ def goals(rows: list[dict[str, Any]], chosen_on: tuple[int, ...]) -> tuple[str, 
         if s is None or s["diff"] is None:
             lines.append(f"- {name}: not measured yet")
             return
-        ok = s["diff"]["mean"] >= -limit
+        ok, n = s["diff"]["mean"] >= -limit, s["diff"]["n"]
         lines.append(
             f"- {'PASS' if ok else 'FAIL'} {name}: paired F1 difference {study.fmt_diff(s['diff'])} "
-            f"(goal >= -{limit}; n = {s['diff']['n']})"
+            f"(goal >= -{limit}; n = {n}" + (f" of {len(seeds)}, provisional)" if n < len(seeds) else ")")
         )
 
     check(f"AdamW 4x, {rule}, within 2 of 1x", cell("adamw", 4, rule, ref), one, 2.0)
     check(f"AdamW 8x, {rule}, within 4 of 1x", cell("adamw", 8, rule, ref), one, 4.0)
-    best = oracle(rows, ref, rule, chosen_on)
-    check(f"AdamW 8x, {rule}, within 1.5 of the best swept lr", cell("adamw", 8, rule, ref), best, 1.5)
+    rule8, name = cell("adamw", 8, rule, ref), f"AdamW 8x, {rule}, within 1.5 of the best swept lr"
+    swept = swept_at_8x(rows, ref, rule, chosen_on)
+    if not all(has_seeds(rows, c, chosen_on) for c in swept):
+        lines.append(f"- {name}: not measured yet (the sweep at 8x is not complete)")
+    elif (best := oracle(rows, ref, rule, chosen_on)) == rule8:
+        lines.append(
+            f"- PASS {name}: the rule's own lr ({resolved(rule8):.3g}) is the best of "
+            f"{', '.join(f'{resolved(c):.3g}' for c in sorted(swept, key=resolved))}"
+        )
+    else:
+        check(f"{name} ({resolved(best):.3g})", rule8, best, 1.5)
     for c in radam_forms(2, rule, ref):
         check(
             f"RAdam 2x (warm-up {c['warmup_ratio']:g}, beta2 {c['adam_beta2']:g}), {rule}, "
@@ -322,7 +334,7 @@ def report(result: dict[str, Any], png: Path | None, seeds: tuple[int, ...]) -> 
             f"| {c.get('adam_beta2', DEFAULT_BETA2):g} | {study.fmt_summary(s)} "
             f"| {study.fmt_diff(s and s['diff'])} |"
         )
-    rule, goal_lines = goals(rows, chosen_on)
+    rule, goal_lines = goals(rows, seeds)
     decided = "" if stages > 3 else ", provisional: phase 2 is not complete"
     lines += ["", f"Goals, with the best rule at 8x ({rule}{decided}):", *goal_lines]
     if png:
