@@ -117,10 +117,13 @@ def radam_rectifier(step: int, beta2: float) -> float:
     return math.sqrt((rho_t - 4) * (rho_t - 2) * rho_inf / ((rho_inf - 4) * (rho_inf - 2) * rho_t))
 
 
-def radam_half_lr_step(beta2: float) -> int:
-    """The first optimizer step at which RAdam's rectifier lets at least half the lr through."""
+def radam_half_lr_step(beta2: float) -> int | None:
+    """The first optimizer step at which RAdam's rectifier lets at least half the lr through; None
+    when it never does (beta2 below ~0.71: rho_inf <= 5, torch never takes the adaptive step)."""
+    if 2 / (1 - beta2) - 1 <= 5:
+        return None
     step = 1
-    while radam_rectifier(step, beta2) < 0.5:
+    while radam_rectifier(step, beta2) < 0.5:  # rises to 1 within ~10 / (1 - beta2) steps
         step += 1
     return step
 
@@ -147,15 +150,19 @@ def radam_warning(hp: config.Hyperparameters, total_steps: int, warmup_steps: in
     share = radam_step_share(total_steps, warmup_steps, hp.adam_beta2)
     if share >= RADAM_MIN_SHARE:
         return None
+    half = radam_half_lr_step(hp.adam_beta2)
     msg = (
         f"hyperparameters.optimizer radam with adam_beta2 {hp.adam_beta2:g} over this run's "
         f"{total_steps} optimizer steps: its rectifier keeps the step under half the learning rate "
-        f"for the first {radam_half_lr_step(hp.adam_beta2) - 1} steps, so the run moves the weights "
+        + (f"for the first {half - 1} steps" if half else "on every step (rho_inf <= 5)")
+        + ", so the run moves the weights "
         f"{share:.2f}x as far as AdamW at the same learning rate and schedule"
         + (f", on top of warmup_ratio {hp.warmup_ratio:g}'s own warm-up" if warmup_steps else "")
         + ". "
     )
     short = radam_step_share(total_steps, warmup_steps, RADAM_SHORT_BETA2)
+    if half is None:  # no length helps: the adaptive step never comes
+        return msg + f"Set adam_beta2: {RADAM_SHORT_BETA2:g} ({short:.2f}x) or use optimizer: adamw."
     if hp.adam_beta2 > RADAM_SHORT_BETA2 and short >= RADAM_MIN_SHARE:
         return msg + (
             f"Set adam_beta2: {RADAM_SHORT_BETA2:g} ({short:.2f}x), train longer, or use optimizer: adamw."

@@ -121,6 +121,11 @@ def test_radam_warning_names_the_fix_for_short_runs() -> None:
     assert radam_warning(radam, 7380, 738) is None  # long enough: the rectifier averages 0.82
     assert "Train longer or use optimizer: adamw" in radam_warning(short, 12, 1)
     assert radam_warning(config.Hyperparameters(optimizer="adamw"), 12, 1) is None
+    # a beta2 so small that the adaptive step never comes: said, not an endless search
+    assert radam_half_lr_step(0.5) is None
+    low = radam_warning(config.Hyperparameters(optimizer="radam", adam_beta2=0.5), 461, 46)
+    assert "on every step (rho_inf <= 5)" in low and "0.00x" in low and "Train longer" not in low
+    assert "Set adam_beta2: 0.99 (0.71x) or use optimizer: adamw." in low
 
 
 def test_aggregation_frequency_from_the_yaml_reaches_the_trial(tiny_bert: Path, tmp_path: Path) -> None:
