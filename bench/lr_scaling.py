@@ -16,12 +16,14 @@ cell runs the first 3 seeds; the cells a goal compares run all 5; choices are ma
 2. AdamW at k = 2, 4, 8 with each rule (none / sqrt / linear) from `ref`; the best at 8x is the
    rule to ship (5 seeds at every k);
 3. with that rule: the oracle at 8x (the rule's resolved lr x 1/2 and x 2; the best gets 5
-   seeds), LAMB at 1x and 8x, RAdam at 1x and 2x in three forms (`radam_forms`: as shipped, with
-   the 10 % linear warm-up; without it; without it and beta2 0.99) (5 seeds at 2x, where a goal
-   compares each with AdamW).
-Both sweeps (1x's and the oracle's) grow by x2 past an end that scores best, up to twice, so the
-chosen lr is a peak and not the sweep's edge. 80-82 runs in all (`plan`; 82 when a swept lr
-beats the rule at 8x) plus 3 per growth, each as long as the embedded default.
+   seeds), RAdam at 1x and 2x in three forms (`radam_forms`: as shipped, with the 10 % linear
+   warm-up; without it; without it and beta2 0.99) (5 seeds at 2x, where a goal compares each
+   with AdamW), and LAMB's own reference lr at 1x (5e-4 / 1e-3 / 2e-3: its step is the lr times
+   each weight's norm, not times Adam's per-element step, so AdamW's lr is ~10x too small for it);
+4. LAMB at 8x from its reference by the rule.
+Every sweep (1x's, the oracle's, LAMB's) grows by x2 past an end that scores best, up to twice,
+so the chosen lr is a peak and not the sweep's edge. 86-88 runs in all (`plan`; 88 when a swept
+lr beats the rule at 8x) plus 3 per growth, each as long as the embedded default.
 
 Goals (printed as PASS/FAIL; paired differences on shared seeds, 95 % t intervals): with the
 shipped rule, AdamW mean F1 within 2 points of 1x at 4x and within 4 points at 8x; within 1.5 of
@@ -51,6 +53,10 @@ import config  # noqa: E402
 
 MICRO_BATCH = 4
 REFERENCE_LRS = (5e-5, 1e-4, 2e-4)
+# LAMB moves each weight tensor by lr x its norm (capped at 10; every MiniLM matrix is above the
+# cap) per step; AdamW at 1e-4 moves a 384x384 one by 1e-4 x 384 x the rms of Adam's step
+# (0.1-1), as far as LAMB at 4e-4 to 4e-3. The sweep is centred on that estimate and grows.
+LAMB_LRS = (5e-4, 1e-3, 2e-3)
 ORACLE_FACTORS = (0.5, 1.0, 2.0)  # x the rule's own lr at 8x
 MAX_EXTEND = 2  # a sweep grows past its best end (x2 each time) at most this often
 FREQUENCIES = (1, 2, 4, 8)
@@ -158,6 +164,18 @@ def reference_lr(rows: list[dict[str, Any]], chosen_on: tuple[int, ...]) -> floa
     )
 
 
+def lamb_lrs(rows: list[dict[str, Any]], rule: str, chosen_on: tuple[int, ...]) -> list[float]:
+    """LAMB's own 1x sweep (its cells carry the shipped rule, a no-op at 1x, as its 8x cell does)."""
+    return peaked(LAMB_LRS, lambda lr: complete_mean_f1(rows, cell("lamb", 1, rule, lr), chosen_on))
+
+
+def lamb_reference_lr(rows: list[dict[str, Any]], rule: str, chosen_on: tuple[int, ...]) -> float:
+    def at_1x(lr: float) -> float:
+        return mean_f1(rows, cell("lamb", 1, rule, lr), chosen_on)
+
+    return max(lamb_lrs(rows, rule, chosen_on), key=at_1x)
+
+
 def best_rule(rows: list[dict[str, Any]], ref: float, chosen_on: tuple[int, ...]) -> str:
     """The rule with the best mean F1 at 8x (ties: the larger k's)."""
     return max(
@@ -218,15 +236,18 @@ def plan(rows: list[dict[str, Any]], seeds: tuple[int, ...]) -> list[Stage]:
         ([cell("adamw", k, rule, ref) for k in FREQUENCIES[1:]], seeds),  # the shipped rule
         (
             swept_at_8x(rows, ref, rule, first3)[1:]
-            + [cell("lamb", k, rule, ref) for k in (1, 8)]
-            + radam_forms(1, rule, ref),
+            + radam_forms(1, rule, ref)
+            + [cell("lamb", 1, rule, lr) for lr in lamb_lrs(rows, rule, first3)],
             first3,
         ),
         (radam_forms(2, rule, ref), seeds),  # vs AdamW 2x
     ]
     if not complete():
         return stages
-    stages.append(([oracle(rows, ref, rule, first3)], seeds))  # a goal compares the rule with it
+    stages += [
+        ([oracle(rows, ref, rule, first3)], seeds),  # a goal compares the rule with it
+        ([cell("lamb", 8, rule, lamb_reference_lr(rows, rule, first3))], first3),
+    ]
     return stages
 
 
@@ -336,13 +357,23 @@ def report(result: dict[str, Any], png: Path | None, seeds: tuple[int, ...]) -> 
     rule, goal_lines = goals(rows, seeds)
     decided = "" if stages > 3 else ", provisional: phase 2 is not complete"
     lines += ["", f"Goals, with the best rule at 8x ({rule}{decided}):", *goal_lines]
+    swept = lamb_lrs(rows, rule, chosen_on)
+    lamb = [lr for lr in swept if has_seeds(rows, cell("lamb", 1, rule, lr), chosen_on)]
+    if lamb:  # no goal: LAMB is measured at its own best lr, beside AdamW
+        lines.append(
+            f"\nLAMB's reference lr at 1x (best of {', '.join(f'{lr:g}' for lr in lamb)} on the first 3 "
+            f"seeds): {lamb_reference_lr(rows, rule, chosen_on):g}"
+            + ("" if lamb == swept else " -- provisional: its sweep is not complete")
+        )
     if png:
-        plot(rows, ref, rule, oracle(rows, ref, rule, chosen_on), png)
+        plot(rows, ref, rule, oracle(rows, ref, rule, chosen_on), png, chosen_on)
         lines.append(f"\nplot: {png}")
     return "\n".join(lines)
 
 
-def plot(rows: list[dict[str, Any]], ref: float, rule: str, best: dict[str, Any], png: Path) -> None:
+def plot(
+    rows: list[dict[str, Any]], ref: float, rule: str, best: dict[str, Any], png: Path, seeds: tuple[int, ...]
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -358,6 +389,16 @@ def plot(rows: list[dict[str, Any]], ref: float, rule: str, best: dict[str, Any]
                 ys.append(s["f1_mean"])
                 es.append(s["f1_std"])
         ax.errorbar(xs, ys, yerr=es, marker="o", capsize=3, label=f"AdamW, lr_scaling {r}")
+    lamb_ref = lamb_reference_lr(rows, rule, seeds)
+    xs, ys, es = [], [], []
+    for k in (1, 8):
+        s = study.summary(rows, cell("lamb", k, rule, lamb_ref), None)
+        if s:
+            xs.append(MICRO_BATCH * k)
+            ys.append(s["f1_mean"])
+            es.append(s["f1_std"])
+    if xs:
+        ax.errorbar(xs, ys, yerr=es, marker="s", ls="--", capsize=3, label=f"LAMB, {rule} from {lamb_ref:g}")
     s = study.summary(rows, best, None)
     if s:
         ax.plot(

@@ -143,9 +143,11 @@ def _runs_per_cell(rows: list[dict]) -> dict[str, int]:
 
 def test_lr_scaling_plan_gives_five_seeds_only_to_the_cells_a_goal_compares() -> None:
     """The whole study played against a made-up F1 landscape (the best lr grows as sqrt(k), and
-    1.6x more at 8x, so twice the rule's lr beats it there): each phase is decided on the first 3
-    seeds, the compared cells get 5, the rest 3; the oracle sweep, best at its upper end (x2),
-    grows to x4 (worse, so it stops) -- 85 runs, not 102 with 5 seeds everywhere."""
+    1.6x more at 8x, so twice the rule's lr beats it there; LAMB's best is 10x AdamW's): each
+    phase is decided on the first 3 seeds, the compared cells get 5, the rest 3; the oracle
+    sweep, best at its upper end (x2), grows to x4 (worse, so it stops); LAMB gets its own
+    reference lr at 1x (1e-3, inside its sweep) and runs 8x from it by the rule -- 91 runs, not
+    108 with 5 seeds everywhere."""
     import math
 
     sys.path.insert(0, str(ROOT / "bench"))
@@ -153,7 +155,7 @@ def test_lr_scaling_plan_gives_five_seeds_only_to_the_cells_a_goal_compares() ->
 
     def f1(c: dict, seed: int) -> float:
         k = c["aggregation_frequency"]
-        best = 1e-4 * math.sqrt(k) * (1.6 if k == 8 else 1.0)
+        best = 1e-4 * math.sqrt(k) * (1.6 if k == 8 else 1.0) * (10 if c["optimizer"] == "lamb" else 1)
         return 60 - 10 * abs(math.log2(lr_scaling.resolved(c) / best)) + 0.1 * (seed - 44)
 
     seeds = (42, 43, 44, 45, 46)
@@ -173,7 +175,7 @@ def test_lr_scaling_plan_gives_five_seeds_only_to_the_cells_a_goal_compares() ->
     assert len(lr_scaling.planned(phase1, seeds)) == 9 + 2 + 27  # each run once: the progress count
     rows = _play_lr_study(f1)
     assert "provisional" not in lr_scaling.report({"rows": rows}, None, seeds)
-    assert len(rows) == 85
+    assert len(rows) == 91
     cell = lr_scaling.cell
     rule8 = lr_scaling.resolved(cell("adamw", 8, "sqrt", 1e-4))
     five = [
@@ -189,6 +191,12 @@ def test_lr_scaling_plan_gives_five_seeds_only_to_the_cells_a_goal_compares() ->
     assert [c["learning_rate"] for c in swept[1:]] == [0.5 * rule8, 2 * rule8, 4 * rule8]  # grown past x2
     assert all(counts[json.dumps(c, sort_keys=True)] >= 3 for c in swept)
     assert lr_scaling.oracle(rows, 1e-4, "sqrt", seeds[:3]) == cell("adamw", 8, "none", 2 * rule8)
+    lamb = {(r["aggregation_frequency"], r["learning_rate"]) for r in rows if r["optimizer"] == "lamb"}
+    assert lamb == {(1, 5e-4), (1, 1e-3), (1, 2e-3), (8, 1e-3)}  # not AdamW's 1e-4
+    assert counts[json.dumps(cell("lamb", 8, "sqrt", 1e-3), sort_keys=True)] == 3
+    out = lr_scaling.report({"rows": rows}, None, seeds)
+    assert "LAMB's reference lr at 1x (best of 0.0005, 0.001, 0.002 on the first 3 seeds): 0.001\n" in out + "\n"
+    assert "| lamb | 8 | 32 | sqrt | 0.001 | 0.00283 | 0.1 | 0.999 | 3 |" in out
 
 
 def test_lr_scaling_reference_sweep_grows_past_an_edge_that_scores_best() -> None:
