@@ -20,10 +20,12 @@ cell runs the first 3 seeds; the cells a goal compares run all 5; choices are ma
    warm-up; without it; without it and beta2 0.99) (5 seeds at 2x, where a goal compares each
    with AdamW), and LAMB's own reference lr at 1x (5e-4 / 1e-3 / 2e-3: its step is the lr times
    each weight's norm, not times Adam's per-element step, so AdamW's lr is ~10x too small for it);
-4. LAMB at 8x from its reference by the rule.
+4. LAMB at 8x from its reference by the rule; and why 8x falls short if it does: the rule at 8x
+   with twice the epochs, so it takes 4x's optimizer steps (201) at 8x's batch (3 seeds).
 Every sweep (1x's, the oracle's, LAMB's) grows by x2 past an end that scores best, up to twice,
-so the chosen lr is a peak and not the sweep's edge. 86-88 runs in all (`plan`; 88 when a swept
-lr beats the rule at 8x) plus 3 per growth, each as long as the embedded default.
+so the chosen lr is a peak and not the sweep's edge. 89-91 runs in all (`plan`; 91 when a swept
+lr beats the rule at 8x) plus 3 per growth, each as long as the embedded default (the last 3
+twice as long).
 
 Goals (printed as PASS/FAIL; paired differences on shared seeds, 95 % t intervals): with the
 shipped rule, AdamW mean F1 within 2 points of 1x at 4x and within 4 points at 8x; within 1.5 of
@@ -63,12 +65,19 @@ FREQUENCIES = (1, 2, 4, 8)
 RULES = ("none", "sqrt", "linear")
 SEEDS = "42,43,44,45,46"  # the comparisons' cells use them all, the others the first 3
 WARMUP = 0.1  # local.yaml's
+EPOCHS = config.load_yaml(ROOT / "local.yaml")["hyperparameters"]["train_length"]["val"]["epochs"]
 DEFAULT_BETA2 = config.Hyperparameters().adam_beta2  # 0.999, as the cluster YAMLs ship it
 SHORT_BETA2 = 0.99  # RAdam with a ~10x shorter rectifier warm-up
 
 
 def cell(
-    optimizer: str, k: int, rule: str, lr: float, warmup: float = WARMUP, beta2: float | None = None
+    optimizer: str,
+    k: int,
+    rule: str,
+    lr: float,
+    warmup: float = WARMUP,
+    beta2: float | None = None,
+    epochs: int = EPOCHS,
 ) -> dict[str, Any]:
     """One cell's settings. `beta2` (adam_beta2) is named only where the study varies it (RAdam),
     so the AdamW/LAMB cells match their rows, which never had the field."""
@@ -78,8 +87,21 @@ def cell(
         "lr_scaling": rule,
         "learning_rate": lr,
         "warmup_ratio": warmup,
+        "epochs": epochs,
     }
     return c if beta2 is None else {**c, "adam_beta2": beta2}
+
+
+def with_epochs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows from before the study varied epochs ran local.yaml's; naming it keeps a cell of the
+    default length from matching a longer run's rows."""
+    return [r if "epochs" in r else {**r, "epochs": EPOCHS} for r in rows]
+
+
+def more_steps(rule: str, ref: float) -> dict[str, Any]:
+    """The rule at 8x for twice the epochs: 4x's optimizer steps at 8x's batch. Level with 4x, a
+    shortfall at 8x is the run's length in steps; still short, it is the batch itself."""
+    return cell("adamw", 8, rule, ref, epochs=2 * EPOCHS)
 
 
 def radam_forms(k: int, rule: str, ref: float) -> list[dict[str, Any]]:
@@ -112,6 +134,8 @@ def runs(cells: list[dict[str, Any]], seeds: tuple[int, ...]) -> list[study.Run]
             f"hyperparameters.reference_batch_size={MICRO_BATCH}",
             f"hyperparameters.learning_rate={c['learning_rate']}",
             f"hyperparameters.warmup_ratio={c['warmup_ratio']}",
+            f"hyperparameters.train_length.val.epochs={c['epochs']}",
+            f"min_validation_period.epochs={c['epochs']}",  # validate once, at the end
         ) + ((f"hyperparameters.adam_beta2={c['adam_beta2']}",) if "adam_beta2" in c else ())
         out += [study.Run(c, seed, overrides) for seed in seeds]
     return out
@@ -246,7 +270,7 @@ def plan(rows: list[dict[str, Any]], seeds: tuple[int, ...]) -> list[Stage]:
         return stages
     stages += [
         ([oracle(rows, ref, rule, first3)], seeds),  # a goal compares the rule with it
-        ([cell("lamb", 8, rule, lamb_reference_lr(rows, rule, first3))], first3),
+        ([cell("lamb", 8, rule, lamb_reference_lr(rows, rule, first3)), more_steps(rule, ref)], first3),
     ]
     return stages
 
@@ -334,7 +358,7 @@ def report(result: dict[str, Any], png: Path | None, seeds: tuple[int, ...]) -> 
     cells.sort(
         key=lambda c: (
             c["optimizer"], c["aggregation_frequency"], c["lr_scaling"], c["learning_rate"],
-            -c["warmup_ratio"], -c.get("adam_beta2", DEFAULT_BETA2),
+            -c["warmup_ratio"], -c.get("adam_beta2", DEFAULT_BETA2), c["epochs"],
         )
     )  # fmt: skip
     lines = [
@@ -343,15 +367,15 @@ def report(result: dict[str, Any], png: Path | None, seeds: tuple[int, ...]) -> 
         + (" -- provisional: phase 1 is not complete" if stages == 1 else ""),
         "",
         "| optimizer | aggregation | samples/step | rule | lr (reference) | resolved lr | warm-up | beta2 "
-        "| runs | F1 mean ± std | EM mean ± std | F1 - AdamW 1x, paired [95 % CI] |",
-        "|" + " --- |" * 12,
+        "| epochs | runs | F1 mean ± std | EM mean ± std | F1 - AdamW 1x, paired [95 % CI] |",
+        "|" + " --- |" * 13,
     ]
     for c in cells:
         s = study.summary(rows, c, one if c != one else None)
         lines.append(
             f"| {c['optimizer']} | {c['aggregation_frequency']} | {MICRO_BATCH * c['aggregation_frequency']} "
             f"| {c['lr_scaling']} | {c['learning_rate']:g} | {resolved(c):.3g} | {c['warmup_ratio']:g} "
-            f"| {c.get('adam_beta2', DEFAULT_BETA2):g} | {study.fmt_summary(s)} "
+            f"| {c.get('adam_beta2', DEFAULT_BETA2):g} | {c['epochs']} | {study.fmt_summary(s)} "
             f"| {study.fmt_diff(s and s['diff'])} |"
         )
     rule, goal_lines = goals(rows, seeds)
@@ -364,6 +388,16 @@ def report(result: dict[str, Any], png: Path | None, seeds: tuple[int, ...]) -> 
             f"\nLAMB's reference lr at 1x (best of {', '.join(f'{lr:g}' for lr in lamb)} on the first 3 "
             f"seeds): {lamb_reference_lr(rows, rule, chosen_on):g}"
             + ("" if lamb == swept else " -- provisional: its sweep is not complete")
+        )
+    longer = more_steps(rule, ref)
+    if study.summary(rows, longer, None):  # no goal: it says why 8x falls short, if it does
+        to8, to4 = (study.summary(rows, longer, cell("adamw", k, rule, ref)) for k in (8, 4))
+        assert to8 is not None and to4 is not None
+        lines.append(
+            f"\nAdamW 8x, {rule}, {longer['epochs']} epochs (4x's optimizer steps at 8x's batch): F1 "
+            f"{to8['f1_mean']:.2f} ± {to8['f1_std']:.2f} (n = {to8['n']}); paired F1 difference to 8x "
+            f"at {EPOCHS} epochs "
+            f"{study.fmt_diff(to8['diff'])}, to 4x {study.fmt_diff(to4['diff'])}"
         )
     if png:
         plot(rows, ref, rule, oracle(rows, ref, rule, chosen_on), png, chosen_on)
@@ -441,6 +475,7 @@ def main() -> int:
         device = "cuda" if torch.cuda.is_available() else "cpu"
         args.json = ROOT / "bench" / "results" / f"lr-scaling-{device}.json"
     result = study.load(args.json, {"config": args.config, "micro_batch": MICRO_BATCH})
+    result["rows"] = with_epochs(result["rows"])
     result["command"] = " ".join(["python3", "bench/lr_scaling.py", *sys.argv[1:]])
     if args.what == "run":
         result = run(args, result)

@@ -95,9 +95,9 @@ def test_lr_scaling_report_pairs_seeds_and_judges_the_goals(tmp_path: Path) -> N
     radam = "RAdam 2x (warm-up 0, beta2 {}), sqrt, within 3 of AdamW 2x: paired F1 difference"
     assert f"- FAIL {radam.format(0.999)} -7.60" in out
     assert f"- PASS {radam.format(0.99)} -0.60" in out
-    assert "| radam | 2 | 8 | sqrt | 0.0001 | 0.000141 | 0 | 0.999 | 5 | 43.00 ± " in out
-    assert "| radam | 2 | 8 | sqrt | 0.0001 | 0.000141 | 0 | 0.99 | 5 | 50.00 ± " in out
-    assert "| adamw | 8 | 32 | linear | 0.0001 | 0.0008 | 0.1 | 0.999 | 5 | 46.94 ± " in out
+    assert "| radam | 2 | 8 | sqrt | 0.0001 | 0.000141 | 0 | 0.999 | 3 | 5 | 43.00 ± " in out
+    assert "| radam | 2 | 8 | sqrt | 0.0001 | 0.000141 | 0 | 0.99 | 3 | 5 | 50.00 ± " in out
+    assert "| adamw | 8 | 32 | linear | 0.0001 | 0.0008 | 0.1 | 0.999 | 3 | 5 | 46.94 ± " in out
     assert (tmp_path / "lr.png").stat().st_size > 10_000
     # the sweep at 8x on the first 3 seeds, both worse than the rule's own 2.83e-4; RAdam as
     # shipped on 3 seeds: a verdict, marked provisional
@@ -105,6 +105,7 @@ def test_lr_scaling_report_pairs_seeds_and_judges_the_goals(tmp_path: Path) -> N
     add(8, "none", rule8 / 2, [f - 5 for f in one[:3]])
     add(8, "none", rule8 * 2, [f - 4 for f in one[:3]])
     add(2, "sqrt", 1e-4, [f - 2 for f in one[:3]], "radam", warmup_ratio=0.1, adam_beta2=0.999)
+    add(8, "sqrt", 1e-4, [f + 5 for f in one[:3]], epochs=6)  # rows without `epochs` ran 3
     path.write_text(json.dumps({"config": "local.yaml", "micro_batch": 4, "rows": rows}))
     out = _bench("lr_scaling.py", "report", "--json", str(path))
     assert (
@@ -113,6 +114,12 @@ def test_lr_scaling_report_pairs_seeds_and_judges_the_goals(tmp_path: Path) -> N
     ) in out
     assert f"- PASS {radam.format(0.999).replace('warm-up 0,', 'warm-up 0.1,')} -1.60" in out
     assert "(goal >= -3.0; n = 3 of 5, provisional)" in out
+    assert "- PASS AdamW 8x, sqrt, within 4 of 1x: paired F1 difference -1.60" in out  # 6 epochs: apart
+    assert "| adamw | 8 | 32 | sqrt | 0.0001 | 0.000283 | 0.1 | 0.999 | 6 | 3 | 56.00 ± 1.00 |" in out
+    assert (
+        "AdamW 8x, sqrt, 6 epochs (4x's optimizer steps at 8x's batch): F1 56.00 ± 1.00 (n = 3); paired "
+        "F1 difference to 8x at 3 epochs +6.60 [+6.60, +6.60], to 4x +5.80 [+5.80, +5.80]"
+    ) in out
 
 
 def _play_lr_study(f1: Callable[[dict, int], float]) -> list[dict]:
@@ -134,9 +141,9 @@ def _play_lr_study(f1: Callable[[dict, int], float]) -> list[dict]:
 def _runs_per_cell(rows: list[dict]) -> dict[str, int]:
     counts: dict[str, int] = {}
     for r in rows:
-        key = json.dumps({k: r[k] for k in ("optimizer", "aggregation_frequency", "lr_scaling",
-                                            "learning_rate", "warmup_ratio", "adam_beta2") if k in r},
-                         sort_keys=True)  # fmt: skip
+        fields = ("optimizer", "aggregation_frequency", "lr_scaling", "learning_rate", "warmup_ratio",
+                  "adam_beta2", "epochs")  # fmt: skip
+        key = json.dumps({k: r[k] for k in fields if k in r}, sort_keys=True)
         counts[key] = counts.get(key, 0) + 1
     return counts
 
@@ -146,8 +153,9 @@ def test_lr_scaling_plan_gives_five_seeds_only_to_the_cells_a_goal_compares() ->
     1.6x more at 8x, so twice the rule's lr beats it there; LAMB's best is 10x AdamW's): each
     phase is decided on the first 3 seeds, the compared cells get 5, the rest 3; the oracle
     sweep, best at its upper end (x2), grows to x4 (worse, so it stops); LAMB gets its own
-    reference lr at 1x (1e-3, inside its sweep) and runs 8x from it by the rule -- 91 runs, not
-    108 with 5 seeds everywhere."""
+    reference lr at 1x (1e-3, inside its sweep) and runs 8x from it by the rule; the rule at 8x
+    runs again for twice the epochs (4x's optimizer steps) -- 94 runs, not 113 with 5 seeds
+    everywhere."""
     import math
 
     sys.path.insert(0, str(ROOT / "bench"))
@@ -175,7 +183,7 @@ def test_lr_scaling_plan_gives_five_seeds_only_to_the_cells_a_goal_compares() ->
     assert len(lr_scaling.planned(phase1, seeds)) == 9 + 2 + 27  # each run once: the progress count
     rows = _play_lr_study(f1)
     assert "provisional" not in lr_scaling.report({"rows": rows}, None, seeds)
-    assert len(rows) == 91
+    assert len(rows) == 94
     cell = lr_scaling.cell
     rule8 = lr_scaling.resolved(cell("adamw", 8, "sqrt", 1e-4))
     five = [
@@ -195,8 +203,15 @@ def test_lr_scaling_plan_gives_five_seeds_only_to_the_cells_a_goal_compares() ->
     assert lamb == {(1, 5e-4), (1, 1e-3), (1, 2e-3), (8, 1e-3)}  # not AdamW's 1e-4
     assert counts[json.dumps(cell("lamb", 8, "sqrt", 1e-3), sort_keys=True)] == 3
     out = lr_scaling.report({"rows": rows}, None, seeds)
-    assert "LAMB's reference lr at 1x (best of 0.0005, 0.001, 0.002 on the first 3 seeds): 0.001\n" in out + "\n"
-    assert "| lamb | 8 | 32 | sqrt | 0.001 | 0.00283 | 0.1 | 0.999 | 3 |" in out
+    lamb_line = "LAMB's reference lr at 1x (best of 0.0005, 0.001, 0.002 on the first 3 seeds): 0.001"
+    assert lamb_line + "\n" in out
+    assert "| lamb | 8 | 32 | sqrt | 0.001 | 0.00283 | 0.1 | 0.999 | 3 | 3 |" in out
+    # 8x for 6 epochs: a cell of its own, which the 3-epoch cell's rows and goals never include
+    longer = cell("adamw", 8, "sqrt", 1e-4, epochs=6)
+    assert lr_scaling.more_steps("sqrt", 1e-4) == longer and counts[json.dumps(longer, sort_keys=True)] == 3
+    assert "| adamw | 8 | 32 | sqrt | 0.0001 | 0.000283 | 0.1 | 0.999 | 6 | 3 |" in out
+    assert "| adamw | 8 | 32 | sqrt | 0.0001 | 0.000283 | 0.1 | 0.999 | 3 | 5 |" in out
+    assert "AdamW 8x, sqrt, 6 epochs (4x's optimizer steps at 8x's batch): F1 " in out
 
 
 def test_lr_scaling_reference_sweep_grows_past_an_edge_that_scores_best() -> None:
