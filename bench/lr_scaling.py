@@ -16,21 +16,22 @@ cell runs the first 3 seeds; the cells a goal compares run all 5; choices are ma
 2. AdamW at k = 2, 4, 8 with each rule (none / sqrt / linear) from `ref`; the best at 8x is the
    rule to ship (5 seeds at every k);
 3. with that rule: the oracle at 8x (the rule's resolved lr x 1/2 and x 2; the best gets 5
-   seeds), RAdam at 1x and 2x in three forms (`radam_forms`: as shipped, with the 10 % linear
-   warm-up; without it; without it and beta2 0.99) (5 seeds at 2x, where a goal compares each
-   with AdamW), and LAMB's own reference lr at 1x (5e-4 / 1e-3 / 2e-3: its step is the lr times
-   each weight's norm, not times Adam's per-element step, so AdamW's lr is ~10x too small for it);
+   seeds), RAdam at 1x and 2x in four forms (`RADAM_FORMS`: as shipped, with the 10 % linear
+   warm-up; without it; without it and beta2 0.99; and 0.95) (the best at 2x, where its goal
+   compares it with AdamW, gets 5 seeds: it is the form to ship), and LAMB's own reference lr
+   at 1x (5e-4 / 1e-3 / 2e-3: its step is the lr times each weight's norm, not times Adam's
+   per-element step, so AdamW's lr is ~10x too small for it);
 4. LAMB at 8x from its reference by the rule; and why 8x falls short if it does: the rule at 8x
    with twice the epochs, so it takes 4x's optimizer steps (201) at 8x's batch (3 seeds).
 Every sweep (1x's, the oracle's, LAMB's) grows by x2 past an end that scores best, up to twice,
-so the chosen lr is a peak and not the sweep's edge. 89-91 runs in all (`plan`; 91 when a swept
+so the chosen lr is a peak and not the sweep's edge. 91-93 runs in all (`plan`; 93 when a swept
 lr beats the rule at 8x) plus 3 per growth, each as long as the embedded default (the last 3
 twice as long).
 
 Goals (printed as PASS/FAIL; paired differences on shared seeds, 95 % t intervals): with the
 shipped rule, AdamW mean F1 within 2 points of 1x at 4x and within 4 points at 8x; within 1.5 of
-the best swept lr at 8x; RAdam within 3 points of AdamW at 2x (each form: the one that passes is
-the one to ship).
+the best swept lr at 8x; RAdam within 3 points of AdamW at 2x (the form it ships: the best of its
+forms at 2x).
 """
 
 from __future__ import annotations
@@ -67,7 +68,11 @@ SEEDS = "42,43,44,45,46"  # the comparisons' cells use them all, the others the 
 WARMUP = 0.1  # local.yaml's
 EPOCHS = config.load_yaml(ROOT / "local.yaml")["hyperparameters"]["train_length"]["val"]["epochs"]
 DEFAULT_BETA2 = config.Hyperparameters().adam_beta2  # 0.999, as the cluster YAMLs ship it
-SHORT_BETA2 = 0.99  # RAdam with a ~10x shorter rectifier warm-up
+# RAdam's forms: as multi_machine.yaml shipped it (10 % linear warm-up on top of the rectifier),
+# without the extra warm-up, and shorter rectifier warm-ups: its step passes half the lr after 556
+# steps at beta2 0.999, 61 at 0.99, 16 at 0.95 (model_def.radam_half_lr_step) -- the last about as
+# long as AdamW's own 10 % warm-up at 2x here (40 of 403 steps), the shortest still a warm-up.
+RADAM_FORMS = ((WARMUP, DEFAULT_BETA2), (0.0, DEFAULT_BETA2), (0.0, 0.99), (0.0, 0.95))
 
 
 def cell(
@@ -105,15 +110,16 @@ def more_steps(rule: str, ref: float) -> dict[str, Any]:
 
 
 def radam_forms(k: int, rule: str, ref: float) -> list[dict[str, Any]]:
-    """RAdam as multi_machine.yaml shipped it (10 % linear warm-up on top of the rectifier), without
-    the extra warm-up, and with beta2 0.99. The arithmetic is model_def.radam_warning's: at 0.999
-    the rectifier keeps the step below half the lr for 555 steps, longer than a 2x run here (403),
-    so RAdam moves the weights 0.25x / 0.23x as far as AdamW; at 0.99 for 60 steps (0.63x)."""
-    return [
-        cell("radam", k, rule, ref, WARMUP, DEFAULT_BETA2),
-        cell("radam", k, rule, ref, 0.0, DEFAULT_BETA2),
-        cell("radam", k, rule, ref, 0.0, SHORT_BETA2),
-    ]
+    """RAdam in each of RADAM_FORMS. The arithmetic is model_def.radam_step_share's: over a 2x run
+    here (403 steps) RAdam moves the weights 0.25x / 0.23x / 0.63x / 0.89x as far as AdamW."""
+    return [cell("radam", k, rule, ref, warmup, beta2) for warmup, beta2 in RADAM_FORMS]
+
+
+def radam_choice(
+    rows: list[dict[str, Any]], rule: str, ref: float, chosen_on: tuple[int, ...]
+) -> dict[str, Any]:
+    """The RAdam form to ship: the best mean F1 at 2x, where its goal compares it with AdamW."""
+    return max(radam_forms(2, rule, ref), key=lambda c: mean_f1(rows, c, chosen_on))
 
 
 def resolved(c: dict[str, Any]) -> float:
@@ -261,15 +267,16 @@ def plan(rows: list[dict[str, Any]], seeds: tuple[int, ...]) -> list[Stage]:
         (
             swept_at_8x(rows, ref, rule, first3)[1:]
             + radam_forms(1, rule, ref)
+            + radam_forms(2, rule, ref)
             + [cell("lamb", 1, rule, lr) for lr in lamb_lrs(rows, rule, first3)],
             first3,
         ),
-        (radam_forms(2, rule, ref), seeds),  # vs AdamW 2x
     ]
     if not complete():
         return stages
     stages += [
-        ([oracle(rows, ref, rule, first3)], seeds),  # a goal compares the rule with it
+        # a goal compares each with the rule's AdamW cell: the oracle at 8x, RAdam's form at 2x
+        ([oracle(rows, ref, rule, first3), radam_choice(rows, rule, ref, first3)], seeds),
         ([cell("lamb", 8, rule, lamb_reference_lr(rows, rule, first3)), more_steps(rule, ref)], first3),
     ]
     return stages
@@ -335,14 +342,21 @@ def goals(rows: list[dict[str, Any]], seeds: tuple[int, ...]) -> tuple[str, list
         )
     else:
         check(f"{name} ({resolved(best):.3g})", rule8, best, 1.5)
-    for c in radam_forms(2, rule, ref):
-        check(
-            f"RAdam 2x (warm-up {c['warmup_ratio']:g}, beta2 {c['adam_beta2']:g}), {rule}, "
-            "within 3 of AdamW 2x",
-            c,
-            cell("adamw", 2, rule, ref),
-            3.0,
-        )
+    adamw2, forms = cell("adamw", 2, rule, ref), radam_forms(2, rule, ref)
+    ship = radam_choice(rows, rule, ref, chosen_on)
+    chosen = "" if all(has_seeds(rows, c, chosen_on) for c in forms) else ", not all measured yet"
+    check(
+        f"RAdam 2x as shipped (the best form at 2x{chosen}: warm-up {ship['warmup_ratio']:g}, beta2 "
+        f"{ship['adam_beta2']:g}), {rule}, within 3 of AdamW 2x",
+        ship, adamw2, 3.0,
+    )  # fmt: skip
+    for c in forms:  # the forms not shipped: measured on the first 3 seeds, no goal
+        s = study.summary(rows, c, adamw2)
+        if c != ship and s is not None and s["diff"] is not None:
+            lines.append(
+                f"  - RAdam 2x (warm-up {c['warmup_ratio']:g}, beta2 {c['adam_beta2']:g}), not shipped: "
+                f"paired F1 difference to AdamW 2x {study.fmt_diff(s['diff'])} (n = {s['diff']['n']})"
+            )
     return rule, lines
 
 
