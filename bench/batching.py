@@ -40,6 +40,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import study  # noqa: E402
+from common import SQUAD_V11_WINDOWS  # noqa: E402
 from study import ROOT  # noqa: E402
 
 sys.path.insert(0, str(ROOT))
@@ -57,7 +58,6 @@ ARMS = {  # name -> (batching, pad_to_multiple_of)
 }
 BASELINE = "random/8"  # what the F1 of the others is compared with: unbiased random batches
 SEEDS = "42,43,44,45,46"
-SQUAD_V11_WINDOWS = 88_600
 
 
 def cell(arm: str) -> dict[str, Any]:

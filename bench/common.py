@@ -35,6 +35,7 @@ import train  # noqa: E402
 BERT_BASE = dict(
     vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072
 )
+SQUAD_V11_WINDOWS = 88_600  # train-v1.1 at 384/128 with the bert-base-uncased vocab
 
 
 SEED = 42

@@ -44,7 +44,18 @@ import torch
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from common import ROOT, SEED, Loop, Rung, model_dir, run_trial, sync, time_loop, trial_config  # noqa: E402
+from common import (  # noqa: E402
+    ROOT,
+    SEED,
+    SQUAD_V11_WINDOWS,
+    Loop,
+    Rung,
+    model_dir,
+    run_trial,
+    sync,
+    time_loop,
+    trial_config,
+)
 
 import config  # noqa: E402
 import data  # noqa: E402
@@ -62,7 +73,6 @@ BF16_PEAK_TFLOPS = {
     "A10": 125.0,
     "V100": 125.0,
 }
-SQUAD_V11_WINDOWS = 88_600  # train-v1.1 at 384/128 with the bert-base-uncased vocab
 
 
 def peak_tflops(device: torch.device) -> float | None:
