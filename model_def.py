@@ -139,7 +139,7 @@ def radam_step_share(total_steps: int, warmup_steps: int, beta2: float) -> float
 
 
 # bench/lr_scaling.py (docs/scaling.md): RAdam trained level with AdamW where this share was 0.78 and
-# above, 4.4 F1 behind at 0.63 and 10-24 behind at 0.23-0.35 (paired seeds, the embedded default).
+# above, 3.5 F1 behind at 0.63 and 11-28 behind at 0.23-0.35 (paired seeds, the embedded default).
 RADAM_MIN_SHARE = 0.75
 # the rectifier past half the lr after 16 steps instead of 556 (about a 10 % warm-up of a few hundred
 # steps): the form multi_machine.yaml ships, with no linear warm-up on top

@@ -109,7 +109,7 @@ def test_radam_rectifier_is_torchs() -> None:
 def test_radam_warning_names_the_fix_for_short_runs() -> None:
     """multi_machine.yaml as shipped before the lr study (beta2 0.999) on full SQuAD is ~461 optimizer
     steps: RAdam moves the weights a quarter as far as AdamW would. The study's bar (share 0.75:
-    level with AdamW at 0.78, 4.4 F1 behind at 0.63) also flags beta2 0.99 there (0.71x); beta2
+    level with AdamW at 0.78, 3.5 F1 behind at 0.63) also flags beta2 0.99 there (0.71x); beta2
     0.95, as multi_machine.yaml now ships it, clears it with or without a linear warm-up."""
     from model_def import RADAM_MIN_SHARE, radam_half_lr_step, radam_step_share, radam_warning
 
