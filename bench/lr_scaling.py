@@ -447,6 +447,16 @@ def plot(
             es.append(s["f1_std"])
     if xs:
         ax.errorbar(xs, ys, yerr=es, marker="s", ls="--", capsize=3, label=f"LAMB, {rule} from {lamb_ref:g}")
+    form, xs, ys, es = radam_choice(rows, rule, ref, seeds), [], [], []
+    for k in (1, 2):
+        s = study.summary(rows, {**form, "aggregation_frequency": k}, None)
+        if s:
+            xs.append(MICRO_BATCH * k)
+            ys.append(s["f1_mean"])
+            es.append(s["f1_std"])
+    if xs:
+        label = f"RAdam as shipped (beta2 {form['adam_beta2']:g}, warm-up {form['warmup_ratio']:g}), {rule}"
+        ax.errorbar(xs, ys, yerr=es, marker="^", ls=":", capsize=3, label=label)
     s = study.summary(rows, best, None)
     if s:
         ax.plot(
