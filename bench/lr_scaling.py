@@ -20,11 +20,12 @@ cell runs the first 3 seeds; the cells a goal compares run all 5; choices are ma
    warm-up; without it; without it and beta2 0.99; and 0.95) (the best at 2x, where its goal
    compares it with AdamW, gets 5 seeds: it is the form to ship), and LAMB's own reference lr
    at 1x (5e-4 / 1e-3 / 2e-3: its step is the lr times each weight's norm, not times Adam's
-   per-element step, so AdamW's lr is ~10x too small for it);
+   per-element step, so AdamW's lr is ~10x too small for it); and at 4x, where the rules' lrs
+   are a x2 sweep, one lr halfway from the best of them towards its better neighbour;
 4. LAMB at 8x from its reference by the rule; and why 8x falls short if it does: the rule at 8x
    with twice the epochs, so it takes 4x's optimizer steps (201) at 8x's batch (3 seeds).
 Every sweep (1x's, the oracle's, LAMB's) grows by x2 past an end that scores best, up to twice,
-so the chosen lr is a peak and not the sweep's edge. 91-93 runs in all (`plan`; 93 when a swept
+so the chosen lr is a peak and not the sweep's edge. 94-96 runs in all (`plan`; 96 when a swept
 lr beats the rule at 8x) plus 3 per growth, each as long as the embedded default (the last 3
 twice as long).
 
@@ -232,6 +233,18 @@ def swept_at_8x(
     return [rule_cell, *(at(f) for f in factors if f != 1.0)]
 
 
+def between_at_4x(rows: list[dict[str, Any]], ref: float, chosen_on: tuple[int, ...]) -> dict[str, Any]:
+    """At 4x the three rules' lrs are themselves a x2 sweep (ref x 4^0, 4^(1/2), 4^1). This is the
+    lr halfway (in log lr) from the best of them towards its better neighbour: whether some lr
+    between the rules brings 4x within its goal when the best rule does not."""
+    at4 = sorted((cell("adamw", 4, r, ref) for r in RULES), key=resolved)
+    f1 = [mean_f1(rows, c, chosen_on) for c in at4]
+    best = max(range(len(at4)), key=lambda i: f1[i])
+    neighbours = [i for i in (best - 1, best + 1) if 0 <= i < len(at4)]
+    other = max(neighbours, key=lambda i: f1[i])
+    return cell("adamw", 4, "none", (resolved(at4[best]) * resolved(at4[other])) ** 0.5)
+
+
 def oracle(rows: list[dict[str, Any]], ref: float, rule: str, chosen_on: tuple[int, ...]) -> dict[str, Any]:
     """The best of the swept learning rates at 8x (on the seeds every candidate has)."""
     return max(swept_at_8x(rows, ref, rule, chosen_on), key=lambda c: mean_f1(rows, c, chosen_on))
@@ -268,7 +281,8 @@ def plan(rows: list[dict[str, Any]], seeds: tuple[int, ...]) -> list[Stage]:
             swept_at_8x(rows, ref, rule, first3)[1:]
             + radam_forms(1, rule, ref)
             + radam_forms(2, rule, ref)
-            + [cell("lamb", 1, rule, lr) for lr in lamb_lrs(rows, rule, first3)],
+            + [cell("lamb", 1, rule, lr) for lr in lamb_lrs(rows, rule, first3)]
+            + [between_at_4x(rows, ref, first3)],
             first3,
         ),
     ]
@@ -330,6 +344,16 @@ def goals(rows: list[dict[str, Any]], seeds: tuple[int, ...]) -> tuple[str, list
         )
 
     check(f"AdamW 4x, {rule}, within 2 of 1x", cell("adamw", 4, rule, ref), one, 2.0)
+    at4 = [*(cell("adamw", 4, r, ref) for r in RULES), between_at_4x(rows, ref, chosen_on)]
+    if all(has_seeds(rows, c, chosen_on) for c in at4):  # no goal: could any lr at 4x meet it?
+        best4 = max(at4, key=lambda c: mean_f1(rows, c, chosen_on))
+        s4 = study.summary(rows, best4, one)
+        assert s4 is not None and s4["diff"] is not None
+        lines.append(
+            f"  - the best lr at 4x of {', '.join(f'{resolved(c):.3g}' for c in sorted(at4, key=resolved))} "
+            f"(the rules' and one between): {resolved(best4):.3g}, paired F1 difference to 1x "
+            f"{study.fmt_diff(s4['diff'])} (n = {s4['diff']['n']})"
+        )
     check(f"AdamW 8x, {rule}, within 4 of 1x", cell("adamw", 8, rule, ref), one, 4.0)
     rule8, name = cell("adamw", 8, rule, ref), f"AdamW 8x, {rule}, within 1.5 of the best swept lr"
     swept = swept_at_8x(rows, ref, rule, chosen_on)

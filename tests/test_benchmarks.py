@@ -108,6 +108,7 @@ def test_lr_scaling_report_pairs_seeds_and_judges_the_goals(tmp_path: Path) -> N
     add(2, "sqrt", 1e-4, [f - 2 for f in one[:3]], "radam", warmup_ratio=0.1, adam_beta2=0.999)
     add(2, "sqrt", 1e-4, [f - 0.5 for f in one[:3]], "radam", warmup_ratio=0.0, adam_beta2=0.95)
     add(8, "sqrt", 1e-4, [f + 5 for f in one[:3]], epochs=6)  # rows without `epochs` ran 3
+    add(4, "none", (2e-4 * 4e-4) ** 0.5, [f - 0.5 for f in one[:3]])  # between sqrt and linear
     path.write_text(json.dumps({"config": "local.yaml", "micro_batch": 4, "rows": rows}))
     out = _bench("lr_scaling.py", "report", "--json", str(path))
     assert (
@@ -123,6 +124,10 @@ def test_lr_scaling_report_pairs_seeds_and_judges_the_goals(tmp_path: Path) -> N
     )
     assert "  - RAdam 2x (warm-up 0, beta2 0.99), not shipped: paired F1 difference to AdamW 2x -0.60" in out
     assert "- PASS AdamW 8x, sqrt, within 4 of 1x: paired F1 difference -1.60" in out  # 6 epochs: apart
+    assert (
+        "  - the best lr at 4x of 0.0001, 0.0002, 0.000283, 0.0004 (the rules' and one between): 0.000283, "
+        "paired F1 difference to 1x -0.50 [-0.50, -0.50] (n = 3)"
+    ) in out
     assert "| adamw | 8 | 32 | sqrt | 0.0001 | 0.000283 | 0.1 | 0.999 | 6 | 3 | 56.00 ± 1.00 |" in out
     assert (
         "AdamW 8x, sqrt, 6 epochs (4x's optimizer steps at 8x's batch): F1 56.00 ± 1.00 (n = 3); paired "
@@ -163,8 +168,9 @@ def test_lr_scaling_plan_gives_five_seeds_only_to_the_cells_a_goal_compares() ->
     compared cells get 5, the rest 3; the oracle sweep, best at its upper end (x2), grows to x4
     (worse, so it stops); of RAdam's four forms only the best at 2x (beta2 0.95) gets 5 seeds;
     LAMB gets its own reference lr at 1x (1e-3, inside its sweep) and runs 8x from it by the rule;
-    the rule at 8x runs again for twice the epochs (4x's optimizer steps) -- 96 runs, not 140
-    with 5 seeds everywhere."""
+    the rule at 8x runs again for twice the epochs (4x's optimizer steps); at 4x (best lr 1.2x
+    the rule's) one lr runs between the rule's and linear's -- 99 runs, not 145 with 5 seeds
+    everywhere."""
     import math
 
     sys.path.insert(0, str(ROOT / "bench"))
@@ -172,7 +178,7 @@ def test_lr_scaling_plan_gives_five_seeds_only_to_the_cells_a_goal_compares() ->
 
     def f1(c: dict, seed: int) -> float:
         k = c["aggregation_frequency"]
-        best = 1e-4 * math.sqrt(k) * (1.6 if k == 8 else 1.0) * (10 if c["optimizer"] == "lamb" else 1)
+        best = 1e-4 * math.sqrt(k) * {4: 1.2, 8: 1.6}.get(k, 1.0) * (10 if c["optimizer"] == "lamb" else 1)
         radam = (
             {0.999: 20, 0.99: 4, 0.95: 1}[c["adam_beta2"]] + 10 * c["warmup_ratio"]
             if "adam_beta2" in c
@@ -197,7 +203,7 @@ def test_lr_scaling_plan_gives_five_seeds_only_to_the_cells_a_goal_compares() ->
     assert len(lr_scaling.planned(phase1, seeds)) == 9 + 2 + 27  # each run once: the progress count
     rows = _play_lr_study(f1)
     assert "provisional" not in lr_scaling.report({"rows": rows}, None, seeds)
-    assert len(rows) == 96
+    assert len(rows) == 99
     cell = lr_scaling.cell
     rule8 = lr_scaling.resolved(cell("adamw", 8, "sqrt", 1e-4))
     five = [
@@ -208,7 +214,10 @@ def test_lr_scaling_plan_gives_five_seeds_only_to_the_cells_a_goal_compares() ->
     ]
     counts = _runs_per_cell(rows)
     assert {k for k, n in counts.items() if n == 5} == {json.dumps(c, sort_keys=True) for c in five}
-    assert set(counts.values()) == {3, 5} and 5 * len(counts) == 140
+    assert set(counts.values()) == {3, 5} and 5 * len(counts) == 145
+    between = cell("adamw", 4, "none", (2e-4 * 4e-4) ** 0.5)  # towards linear, the better neighbour
+    assert lr_scaling.between_at_4x(rows, 1e-4, seeds[:3]) == between
+    assert counts[json.dumps(between, sort_keys=True)] == 3
     forms = {
         (r["aggregation_frequency"], r["warmup_ratio"], r["adam_beta2"])
         for r in rows
@@ -235,6 +244,8 @@ def test_lr_scaling_plan_gives_five_seeds_only_to_the_cells_a_goal_compares() ->
     assert "| adamw | 8 | 32 | sqrt | 0.0001 | 0.000283 | 0.1 | 0.999 | 6 | 3 |" in out
     assert "| adamw | 8 | 32 | sqrt | 0.0001 | 0.000283 | 0.1 | 0.999 | 3 | 5 |" in out
     assert "AdamW 8x, sqrt, 6 epochs (4x's optimizer steps at 8x's batch): F1 " in out
+    best4 = "  - the best lr at 4x of 0.0001, 0.0002, 0.000283, 0.0004 (the rules' and one between): 0.000283"
+    assert best4 in out
 
 
 def test_lr_scaling_reference_sweep_grows_past_an_edge_that_scores_best() -> None:
@@ -257,7 +268,13 @@ def test_lr_scaling_reference_sweep_grows_past_an_edge_that_scores_best() -> Non
     counts = _runs_per_cell(rows)
     assert counts[json.dumps(lr_scaling.cell("adamw", 1, "none", 4e-4), sort_keys=True)] == 5
     assert counts[json.dumps(lr_scaling.cell("adamw", 1, "none", 8e-4), sort_keys=True)] == 3
-    assert all(r["learning_rate"] == 4e-4 for r in rows if r["aggregation_frequency"] in (2, 4))
+    between = lr_scaling.between_at_4x(rows, 4e-4, (42, 43, 44))["learning_rate"]  # scaled from 4e-4 too
+    assert between == (4e-4 * 8e-4) ** 0.5  # the peak (6e-4) lies below sqrt's 8e-4: towards none's 4e-4
+    assert all(
+        r["learning_rate"] == 4e-4
+        for r in rows
+        if r["aggregation_frequency"] in (2, 4) and r["learning_rate"] != between
+    )
 
 
 def test_batching_stats_and_report(tmp_path: Path) -> None:
