@@ -22,6 +22,7 @@ from conftest import DEV_V1, ROOT, TRAIN_V1, one_process_scores, run_cli
 import config
 
 det_cluster = pytest.importorskip("det_cluster")
+det_master = pytest.importorskip("det_master")
 WHY_NOT = det_cluster.supported()
 needs_containers = pytest.mark.skipif(WHY_NOT is not None, reason=f"emulated cluster: {WHY_NOT}")
 YAMLS = sorted(p.name for p in ROOT.glob("*.yaml"))
@@ -274,7 +275,7 @@ def test_the_upload_carries_the_bundled_data_local_yaml_reads() -> None:
     """`det experiment create local.yaml .` uploads what .detignore lets through: local.yaml's
     data files (relative paths, read from the context on a cluster) and no tests, caches or
     benchmarks; small enough to upload in seconds."""
-    files = {f.path: f for f in det_cluster.context_files(ROOT)}
+    files = {f.path: f for f in det_master.context_files(ROOT)}
     local = config.load_yaml(ROOT / "local.yaml")["data"]
     for key in ("train_file", "validation_file"):
         assert local[key] in files, f"{key} {local[key]} is not uploaded"
@@ -496,7 +497,7 @@ def test_scaling_report_from_the_master_equals_the_report_from_the_same_reports(
     base["min_validation_period"] = {"batches": 12}
     series = scaling.variants(base, slots=[1, 2], aggregation=[1, 2], optimizers=["adamw"], study="emu")
     ran = [v for v in series if not (v.slots == 1 and v.aggregation == 2)]
-    registry = det_cluster.Master()
+    registry = det_master.Master()
     try:
         expected = []
         for i, v in enumerate(ran):
