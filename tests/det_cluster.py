@@ -35,10 +35,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from det_master import TASK_ID, Allocation, Master
+from det_master import ROOT, TASK_ID, Allocation, Master
 from determined.common.api import bindings
 
-ROOT = Path(__file__).resolve().parents[1]
 SHARED_FS = Path("/determined_shared_fs")  # determined.constants.SHARED_FS_CONTAINER_PATH
 RUN_DIR = Path("/run/determined")
 EXPCONF_DEFAULTS = ROOT.parent / "shared" / "tools" / "expconf_defaults.py"
