@@ -1,11 +1,10 @@
-"""SQuAD data: the one entry the trial, predict.py, the tests and benchmarks import.
+"""SQuAD data for a run: the files of the config's `data:` section, checked and windowed.
 
-Each job has its own module, read in this order: squad_sources.py (where a file comes from:
-local path or official URL, verified), squad_json.py (parsing and checks), features.py (the
-tokenizer; questions and contexts -> fixed-length windows), feature_cache.py (memory-mapped
-NumPy caches), answers.py (model logits -> answer strings). Evaluation (model_def.py) and
-inference (predict.py) both use `build_features` and `extract_answers`, so there is one
-implementation of windowing and extraction.
+The work is in extractive_qa/, read in this order: squad_sources (where a file comes from: local
+path or official URL, verified), squad_json (parsing and checks), features (the tokenizer;
+questions and contexts -> fixed-length windows), feature_cache (memory-mapped NumPy caches),
+answers (model logits -> answer strings). Evaluation (model_def.py) and inference (predict.py)
+both use `build_features` and `extract_answers`: one implementation of windowing and extraction.
 
 CLI (preprocess ahead of time so cluster ranks map a ready cache):
     python3 data.py --squad PATH_OR_URL --tokenizer NAME_OR_DIR --split train|validation \
@@ -16,40 +15,63 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-# The public names, where they have always been imported from (data.X).
-from answers import Answers, extract_answers  # noqa: F401
-from feature_cache import (  # noqa: F401
-    FEATURES_VERSION,
-    cache_damage,
-    features_fingerprint,
-    load_features,
-    prepare_features,
-)
-from features import (  # noqa: F401
-    EMBEDDED_MODEL,
-    Features,
-    WindowSpec,
-    build_features,
-    load_tokenizer,
-    resolve_pretrained,
-    tokenizer_fingerprint,
-    window_starts,
-)
-from squad_json import Example, SquadSet, load_squad  # noqa: F401
-from squad_sources import (  # noqa: F401
-    OFFICIAL_BASE_URL,
-    OFFICIAL_SHA256,
-    DataError,
-    default_download_dir,
-    resolve_source,
-    sha256_file,
-    write_text_atomic,
-)
+from extractive_qa.feature_cache import prepare_features
+from extractive_qa.features import Features, WindowSpec, load_tokenizer
+from extractive_qa.settings import ConfigError, DataSettings
+from extractive_qa.squad_json import SquadSet, load_squad
+from extractive_qa.squad_sources import DataError, default_download_dir
+
+logger = logging.getLogger("squad")
+
+
+@dataclass
+class RunData:
+    """What a run trains and validates on: the tokenizer, both SQuAD sets and their windows."""
+
+    tokenizer: Any
+    train_set: SquadSet
+    val_set: SquadSet
+    train_features: Features
+    val_features: Features
+    cache_dir: Path
+    train_cache: str  # how each set's features were obtained: built, loaded, ...
+    val_cache: str
+
+
+def load_run_data(settings: DataSettings, spec: WindowSpec, rank: int) -> RunData:
+    """The `data:` section's files, checked against its squad_version, windowed with `spec`
+    (from the feature cache when it holds them; rank `rank` reports skipped questions)."""
+    model_name = settings.pretrained_model
+    tokenizer = load_tokenizer(model_name)
+    cache_dir = Path(settings.cache_dir or default_download_dir() / "features")
+    train_set = load_squad(settings.train_file, training=True)
+    val_set = load_squad(settings.validation_file, training=False)
+    for name, squad in (("train_file", train_set), ("validation_file", val_set)):
+        if squad.version == "2.0" and settings.squad_version != "2.0":
+            raise ConfigError(
+                f"data.{name} ({squad.path}) is SQuAD v2.0 but data.squad_version is 1.1; "
+                "set data.squad_version: 2.0."
+            )
+    if train_set.skipped and rank == 0:
+        logger.warning(
+            "skipped %d training questions whose answer is not at its answer_start: %s",
+            len(train_set.skipped),
+            train_set.skipped[:10],
+        )
+    train_features, train_cache = prepare_features(train_set, tokenizer, model_name, spec, "train", cache_dir)
+    val_features, val_cache = prepare_features(val_set, tokenizer, model_name, spec, "validation", cache_dir)
+    return RunData(
+        tokenizer, train_set, val_set, train_features, val_features, cache_dir, train_cache, val_cache
+    )
+
 
 # --------------------------------------------------------------------------------------------
 # CLI: preprocess ahead of time.

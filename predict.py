@@ -5,8 +5,9 @@
 
 DIR is a checkpoint directory written by train.py (or a cluster checkpoint), its hf/ folder, or a
 Determined checkpoint UUID when a master is reachable (DET_MASTER). Windowing, batching,
-precision and answer extraction are the ones evaluation uses (data.py, modeling.py, and the
-run's hf/qa_settings.json), so `squad_metric.py` on the written predictions reproduces the
+precision and answer extraction are the ones evaluation uses (extractive_qa's features, batching
+and answers, and the run's hf/qa_settings.json), so `python3 -m extractive_qa.squad_metric` on the
+written predictions reproduces the
 trial's validation EM/F1. The last stdout line is JSON.
 """
 
@@ -23,8 +24,10 @@ from pathlib import Path
 
 import numpy as np
 
-import data
-import modeling
+from extractive_qa import model_io, squad_json, squad_sources
+from extractive_qa.answers import Answers
+from extractive_qa.batching import assemble_logits, evaluation_batches, forward_params, model_inputs
+from extractive_qa.features import Features, build_features, load_tokenizer
 
 UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
@@ -35,11 +38,11 @@ def find_hf_dir(checkpoint: str) -> Path:
     if not path.exists() and UUID.match(checkpoint):
         path = download_checkpoint(checkpoint)
     if not path.is_dir():
-        raise data.DataError(f"--checkpoint {checkpoint}: no such directory (or reachable UUID).")
+        raise squad_sources.DataError(f"--checkpoint {checkpoint}: no such directory (or reachable UUID).")
     for candidate in (path / "hf", path):
-        if (candidate / "config.json").is_file() and (candidate / modeling.QA_SETTINGS).is_file():
+        if (candidate / "config.json").is_file() and (candidate / model_io.QA_SETTINGS).is_file():
             return candidate
-    raise data.DataError(
+    raise squad_sources.DataError(
         f"--checkpoint {checkpoint}: not a checkpoint of this project (no hf/config.json and "
         "hf/qa_settings.json); pass a directory train.py wrote."
     )
@@ -50,7 +53,7 @@ def download_checkpoint(uuid: str) -> Path:
 
     master = os.environ.get("DET_MASTER")
     if not master:
-        raise data.DataError(
+        raise squad_sources.DataError(
             f"--checkpoint {uuid}: looks like a Determined checkpoint UUID, but DET_MASTER is not "
             "set; set it (and log in with `det user login`) or pass a directory."
         )
@@ -59,7 +62,9 @@ def download_checkpoint(uuid: str) -> Path:
         target = Path(tempfile.mkdtemp(prefix=f"ckpt-{uuid[:8]}-"))
         client.get_checkpoint(uuid).download(str(target))
     except Exception as err:  # the SDK raises many kinds; all mean "could not fetch"
-        raise data.DataError(f"--checkpoint {uuid}: cannot download from {master} ({err}).") from None
+        raise squad_sources.DataError(
+            f"--checkpoint {uuid}: cannot download from {master} ({err})."
+        ) from None
     return target
 
 
@@ -77,8 +82,8 @@ class Predictor:
         from transformers import AutoModelForQuestionAnswering
 
         hf = find_hf_dir(checkpoint)
-        self.settings = modeling.QASettings.load(hf)
-        self.tokenizer = data.load_tokenizer(str(hf))
+        self.settings = model_io.QASettings.load(hf)
+        self.tokenizer = load_tokenizer(str(hf))
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         # The precision evaluation ran with, so the logits -- and EM/F1 -- are the trial's.
         self.precision = precision or self.settings.precision
@@ -86,24 +91,24 @@ class Predictor:
             print("predict: fp16 autocast needs CUDA; computing in fp32 on the CPU.", file=sys.stderr)
             self.precision = "fp32"
         if self.device.type == "cuda":
-            modeling.configure_cuda_math(self.settings.tf32)
+            model_io.configure_cuda_math(self.settings.tf32)
         self.model = AutoModelForQuestionAnswering.from_pretrained(hf).to(self.device).eval()
         self.spec = self.settings.window_spec
         self.batch_size = batch_size or self.settings.eval_batch_size
 
-    def logits(self, features: data.Features) -> tuple[np.ndarray, np.ndarray]:
+    def logits(self, features: Features) -> tuple[np.ndarray, np.ndarray]:
         """Start/end logits of every window, batched exactly like the trial's evaluation."""
         import torch
 
-        sampler, collate = modeling.evaluation_batches(
+        sampler, collate = evaluation_batches(
             features, self.batch_size, self.settings.pad_to_multiple_of
         )
-        accepted = modeling.forward_params(self.model)
+        accepted = forward_params(self.model)
         parts = []
-        with torch.inference_mode(), modeling.autocast(self.device.type, self.precision):
+        with torch.inference_mode(), model_io.autocast(self.device.type, self.precision):
             for indices in sampler.batches(0):
                 batch = collate(indices.tolist())
-                inputs = modeling.model_inputs(batch, accepted)
+                inputs = model_inputs(batch, accepted)
                 out = self.model(**{k: v.to(self.device) for k, v in inputs.items()})
                 parts.append(
                     (
@@ -112,19 +117,19 @@ class Predictor:
                         out.end_logits.float().cpu().numpy(),
                     )
                 )
-        return modeling.assemble_logits(parts, features)
+        return assemble_logits(parts, features)
 
-    def answer(self, examples: Sequence[data.Example]) -> data.Answers:
+    def answer(self, examples: Sequence[squad_json.Example]) -> Answers:
         features = self.features(examples)
         start, end = self.logits(features)
         return self.extract(examples, features, start, end)
 
-    def features(self, examples: Sequence[data.Example]) -> data.Features:
-        return data.build_features(examples, self.tokenizer, self.spec, labels=False, offsets=True)
+    def features(self, examples: Sequence[squad_json.Example]) -> Features:
+        return build_features(examples, self.tokenizer, self.spec, labels=False, offsets=True)
 
     def extract(
-        self, examples: Sequence[data.Example], features: data.Features, start: np.ndarray, end: np.ndarray
-    ) -> data.Answers:
+        self, examples: Sequence[squad_json.Example], features: Features, start: np.ndarray, end: np.ndarray
+    ) -> Answers:
         return self.settings.extract_answers(examples, features, start, end)
 
 
@@ -156,7 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         predictor = Predictor(args.checkpoint, args.device, args.batch_size, args.precision)
         if single:
-            example = data.Example("question", args.question, args.context, [])
+            example = squad_json.Example("question", args.question, args.context, [])
             answers = predictor.answer([example])
             start, end = int(answers.start[0]), int(answers.end[0])
             result = {
@@ -166,11 +171,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "end": max(end, 0),
             }
         else:
-            squad = data.load_squad(args.squad, training=False)
+            squad = squad_json.load_squad(args.squad, training=False)
             answers = predictor.answer(squad.examples)
-            data.write_text_atomic(args.out, json.dumps(answers.text, ensure_ascii=False))
+            squad_sources.write_text_atomic(args.out, json.dumps(answers.text, ensure_ascii=False))
             result = {"predictions": str(args.out), "questions": len(answers.text)}
-    except data.DataError as err:
+    except squad_sources.DataError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(json.dumps(result, ensure_ascii=False))

@@ -34,8 +34,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import config
-from scaling_types import ROOT, STUDY_LABEL, RunInputs, ScalingError, Variant  # noqa: F401 (re-exported)
+from extractive_qa import config_loading, master_mirror, run_plan
+from extractive_qa.scaling_types import ROOT, STUDY_LABEL, RunInputs, ScalingError, Variant  # noqa: F401 (re-exported)
+from extractive_qa.settings import OPTIMIZERS, ConfigError, Hyperparameters
 
 # --------------------------------------------------------------------------------------------
 # The series of configs.
@@ -65,9 +66,9 @@ def variants(
             f"searcher.name is {searcher!r}: a scaling study compares single runs; use a config with "
             "searcher.name: single (const.yaml, distributed.yaml, multi_machine.yaml, local.yaml)."
         )
-    hparams = config.local_hparams(base)
-    base_slots = config.slots_of(base)
-    global_batch = hparams.get("global_batch_size", config.Hyperparameters().global_batch_size)
+    hparams = config_loading.local_hparams(base)
+    base_slots = master_mirror.slots_of(base)
+    global_batch = hparams.get("global_batch_size", Hyperparameters().global_batch_size)
     if not isinstance(global_batch, int) or global_batch % base_slots:
         raise ScalingError(
             f"hyperparameters.global_batch_size ({global_batch!r}) must be a constant integer divisible "
@@ -75,8 +76,8 @@ def variants(
         )
     per_slot = global_batch // base_slots
     for opt in optimizers:
-        if opt not in config.OPTIMIZERS:
-            raise ScalingError(f"--optimizer {opt!r}: choose from {', '.join(config.OPTIMIZERS)}.")
+        if opt not in OPTIMIZERS:
+            raise ScalingError(f"--optimizer {opt!r}: choose from {', '.join(OPTIMIZERS)}.")
     base_name = base.get("name", "squad")
     out = []
     for s in slots:
@@ -92,7 +93,8 @@ def variants(
                 conf.setdefault("optimizations", {})["aggregation_frequency"] = a
                 conf["hyperparameters"]["optimizer"] = opt
                 conf["hyperparameters"]["global_batch_size"] = per_slot * s
-                plan = config.run_plan(conf, config.local_hparams(conf), s)  # each one must be valid
+                # each one must be valid
+                plan = run_plan.run_plan(conf, config_loading.local_hparams(conf), s)
                 out.append(Variant(name, s, a, opt, per_slot, conf, plan.learning_rate))
     return out
 
@@ -338,7 +340,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command in ("launch", "report") and not args.master and not getattr(args, "dry_run", False):
             raise ScalingError("--master URL (or DET_MASTER) is required for launch and report.")
         if args.command == "report":
-            import scaling_runs
+            from extractive_qa import scaling_runs
 
             report = build_report(scaling_runs.from_cluster(args.master, args.study), args.study)
             paths = write_report(report, args.out)
@@ -346,7 +348,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if not args.config.is_file():
             raise ScalingError(f"--config {args.config}: no such file.")
-        base = config.apply_overrides(config.load_yaml(args.config), args.overrides)
+        base = config_loading.apply_overrides(config_loading.load_yaml(args.config), args.overrides)
         slots = int_list(args.slots, "--slots")
         aggregation = int_list(args.aggregation, "--aggregation")
         optimizers = [o.strip() for o in args.optimizer.split(",") if o.strip()]
@@ -356,20 +358,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for v in series:
                     print(json.dumps({"name": v.name, "learning_rate": v.learning_rate, "config": v.config}))
                 return 0
-            import scaling_runs
+            from extractive_qa import scaling_runs
 
             ids = scaling_runs.launch(scaling_runs.connect(args.master), series)
             print(json.dumps({"study": args.study, "experiments": ids}))
             return 0
         if args.batches < 1:
             raise ScalingError("--batches must be a positive integer.")
-        import scaling_runs
+        from extractive_qa import scaling_runs
 
         runs = scaling_runs.run_local(series, args.batches, args.out)
         paths = write_report(build_report(runs, args.study), args.out)
         print(json.dumps({"study": args.study, "written": [str(p) for p in paths]}))
         return 0
-    except (ScalingError, config.ConfigError) as err:
+    except (ScalingError, ConfigError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
 

@@ -1,12 +1,12 @@
 """Gradient all-reduce per optimizer step at aggregation_frequency 1, 2, 4 (2 local processes).
 
-    python3 bench/aggregation.py [--frequencies 1,2,4] [--batches 16] [--json FILE]
+    python3 -m bench.aggregation [--frequencies 1,2,4] [--batches 16] [--json FILE]
 
 For each frequency this launches `torchrun --nproc_per_node=2` on the real trial (train.py's
 `run`, Determined's local Trainer, gloo) with `optimizations.aggregation_frequency` set in the
 config, exactly as a user would. The trial is instrumented, not changed: a DDP communication
 hook wraps the default all-reduce to count calls and bytes and time each bucket from launch to
-completion, and train_batch is timed per batch (tests/allreduce_probe.py, which the aggregation
+completion, and train_batch is timed per batch (tests/support/allreduce_probe.py, which the aggregation
 test asserts on too). Reported per frequency: all-reduce calls and
 bytes per optimizer step and per batch, communication time per optimizer step (first bucket
 launched -> last bucket done; it overlaps the rest of backward), the mean time of batches that
@@ -24,12 +24,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
+from bench.common import tiny_validation_file
+from extractive_qa import config_loading
+from tests.support import allreduce_probe
 
-import allreduce_probe  # noqa: E402
-from common import tiny_validation_file  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[int]]:
@@ -66,9 +65,8 @@ def describe(row: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args, frequencies = parse_args(argv)
-    import config
 
-    conf = config.load_yaml(args.config)
+    conf = config_loading.load_yaml(args.config)
     per_rank = int(conf["hyperparameters"]["global_batch_size"]) // allreduce_probe.WORLD
     rows = []
     with tempfile.TemporaryDirectory() as tmp_name:

@@ -1,6 +1,6 @@
 """F1 against aggregation_frequency, with AdamW and with RAdam: the accuracy side of the trade.
 
-    python3 bench/aggregation_accuracy.py [--frequencies 1,2,4,8] [--optimizers adamw,radam]
+    python3 -m bench.aggregation_accuracy [--frequencies 1,2,4,8] [--optimizers adamw,radam]
                                           [--config local.yaml] [--json FILE]
 
 The published write-up tabulated SQuAD F1 for aggregation frequencies 1..N and found that Adam's
@@ -104,7 +104,7 @@ def main() -> int:
     result.update(
         date=time.strftime("%Y-%m-%d"),
         machine=f"{platform.machine()}, {os.cpu_count()} cores",
-        command=" ".join(["python3", "bench/aggregation_accuracy.py", *sys.argv[1:]]),
+        command=" ".join(["python3", "-m", "bench.aggregation_accuracy", *sys.argv[1:]]),
     )
     done = {(r["aggregation_frequency"], r["optimizer"]) for r in result["rows"]}
     with tempfile.TemporaryDirectory(prefix="agg-accuracy-") as tmp:

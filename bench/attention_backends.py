@@ -1,8 +1,8 @@
 """GPU only: training speed per attention backend and matmul mode, on first-seen and repeated widths.
 
-    python3 bench/attention_backends.py [--batch-size 64] [--batches 12]
+    python3 -m bench.attention_backends [--batch-size 64] [--batches 12]
 
-Why modeling.configure_cuda_math turns cuDNN attention off and TF32 on. Dynamic padding gives
+Why model_io.configure_cuda_math turns cuDNN attention off and TF32 on. Dynamic padding gives
 every batch one of up to max_seq_length / pad_to_multiple_of widths. Each variant trains random
 BERT-base (bench/common.py's Loop: the trial's train_batch) over the same length-grouped
 batches twice: pass 1 meets each width for the first time, pass 2 repeats them. A backend that
@@ -18,12 +18,12 @@ import tempfile
 import time
 from pathlib import Path
 
-import common as tp  # noqa: E402  (bench/common.py: model, config and the bare training loop)
 import torch
 
-import config  # noqa: E402
-import data  # noqa: E402
-import modeling  # noqa: E402
+from bench import common as tp  # model, config and the bare training loop
+from extractive_qa import config_loading, run_plan, squad_json
+from extractive_qa.batching import Collator, FeatureBatchSampler
+from extractive_qa.features import EMBEDDED_MODEL, WindowSpec, build_features, load_tokenizer
 
 VARIANTS = [  # name, attention, precision, cuDNN attention allowed, TF32
     ("fp32 sdpa", "sdpa", "fp32", True, False),
@@ -46,22 +46,22 @@ def main() -> int:
         parser.error("needs a CUDA GPU")
     device = torch.device("cuda")
     tmp = Path(tempfile.mkdtemp())
-    tokenizer = data.load_tokenizer(data.EMBEDDED_MODEL)
+    tokenizer = load_tokenizer(EMBEDDED_MODEL)
     model_path = tp.model_dir("bert-base", tmp, tokenizer)
     settings = argparse.Namespace(
         train_file=tp.ROOT / "squad_data" / "local-train-v1.1.json", max_seq_length=384, doc_stride=128,
         batch_size=args.batch_size, precision="bf16", compile=False, batches=args.batches,
     )  # fmt: skip
-    conf = config.load_yaml(tp.trial_config(settings, model_path, tmp))
-    hp = config.run_plan(conf, config.local_hparams(conf), 1).hparams
-    squad = data.load_squad(settings.train_file, training=True)
-    features = data.build_features(
-        squad.examples, tokenizer, data.WindowSpec(384, 128, 64), labels=True, offsets=False
+    conf = config_loading.load_yaml(tp.trial_config(settings, model_path, tmp))
+    hp = run_plan.run_plan(conf, config_loading.local_hparams(conf), 1).hparams
+    squad = squad_json.load_squad(settings.train_file, training=True)
+    features = build_features(
+        squad.examples, tokenizer, WindowSpec(384, 128, 64), labels=True, offsets=False
     )
-    sampler = modeling.FeatureBatchSampler(
+    sampler = FeatureBatchSampler(
         features.lengths, args.batch_size, shuffle=True, batching="sorted", seed=tp.SEED
     )
-    collate = modeling.Collator(features, True, 8, labels=True)  # the many widths this measures
+    collate = Collator(features, True, 8, labels=True)  # the many widths this measures
     batches = [collate(ix.tolist()) for ix in sampler.batches(0)[: args.batches]]
     print(f"{torch.cuda.get_device_name()}; widths {[b['input_ids'].shape[1] for b in batches]}", flush=True)
 

@@ -1,9 +1,9 @@
 """How training windows are batched: F1 on paired seeds, speed, padding and batch repetition.
 
-    python3 bench/batching.py stats                       # no training: padding, repetition
-    python3 bench/batching.py speed [--batches 30]        # samples/s of each arm, side by side
-    python3 bench/batching.py train [--seeds 42,43,44,45,46] [--jobs 4]   # the paired-seed runs
-    python3 bench/batching.py report                      # the table from what is in --json
+    python3 -m bench.batching stats                       # no training: padding, repetition
+    python3 -m bench.batching speed [--batches 30]        # samples/s of each arm, side by side
+    python3 -m bench.batching train [--seeds 42,43,44,45,46] [--jobs 4]   # the paired-seed runs
+    python3 -m bench.batching report                      # the table from what is in --json
 
 Arms (hyperparameters.batching / pad_to_multiple_of, everything else the embedded default's
 local.yaml): padded (random batches at max_seq_length: the standard recipe), random/8 (random
@@ -36,18 +36,15 @@ from typing import Any
 
 import numpy as np
 
+from extractive_qa import config_loading, run_plan, squad_json
+from extractive_qa.batching import Collator, FeatureBatchSampler
+from extractive_qa.features import Features, WindowSpec, build_features, load_tokenizer, resolve_pretrained
+
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import study  # noqa: E402
-from common import SQUAD_V11_WINDOWS  # noqa: E402
-from study import ROOT  # noqa: E402
-
-sys.path.insert(0, str(ROOT))
-
-import config  # noqa: E402
-import data  # noqa: E402
-import modeling  # noqa: E402
+from bench import study
+from bench.common import SQUAD_V11_WINDOWS
+from bench.study import ROOT
 
 ARMS = {  # name -> (batching, pad_to_multiple_of)
     "padded": ("padded", 8),
@@ -65,9 +62,9 @@ def cell(arm: str) -> dict[str, Any]:
     return {"batching": batching, "pad_to_multiple_of": multiple}
 
 
-def sampler(lengths: np.ndarray, batch: int, arm: str, seed: int) -> modeling.FeatureBatchSampler:
+def sampler(lengths: np.ndarray, batch: int, arm: str, seed: int) -> FeatureBatchSampler:
     batching, multiple = ARMS[arm]
-    return modeling.FeatureBatchSampler(
+    return FeatureBatchSampler(
         lengths, batch, shuffle=True, batching=batching, seed=seed, bucket_width=multiple
     )
 
@@ -88,7 +85,7 @@ def pairs(batches: list[np.ndarray]) -> set[tuple[int, int]]:
     return {(int(a), int(b)) for batch in batches for a, b in combinations(np.sort(batch), 2)}
 
 
-def repeat_share(s: modeling.FeatureBatchSampler) -> float:
+def repeat_share(s: FeatureBatchSampler) -> float:
     """Of the window pairs sharing a batch in epoch 0, the share that share one in epoch 1."""
     first, second = pairs(s.batches(0)), pairs(s.batches(1))
     return len(first & second) / max(1, len(first))
@@ -104,13 +101,13 @@ def same_paragraph(batches: list[np.ndarray], paragraph: np.ndarray) -> float:
     return same / max(1, together)
 
 
-def local_setup() -> tuple[config.RunPlan, data.Features, np.ndarray]:
-    conf = config.load_yaml(ROOT / "local.yaml")
-    plan = config.run_plan(conf, config.local_hparams(conf), 1)
-    tokenizer = data.load_tokenizer(plan.data.pretrained_model)
-    squad = data.load_squad(ROOT / plan.data.train_file, training=True)
-    spec = data.WindowSpec(plan.data.max_seq_length, plan.data.doc_stride, plan.data.max_query_length)
-    features = data.build_features(squad.examples, tokenizer, spec, labels=True, offsets=False)
+def local_setup() -> tuple[run_plan.RunPlan, Features, np.ndarray]:
+    conf = config_loading.load_yaml(ROOT / "local.yaml")
+    plan = run_plan.run_plan(conf, config_loading.local_hparams(conf), 1)
+    tokenizer = load_tokenizer(plan.data.pretrained_model)
+    squad = squad_json.load_squad(ROOT / plan.data.train_file, training=True)
+    spec = WindowSpec(plan.data.max_seq_length, plan.data.doc_stride, plan.data.max_query_length)
+    features = build_features(squad.examples, tokenizer, spec, labels=True, offsets=False)
     contexts = {c: i for i, c in enumerate(dict.fromkeys(e.context for e in squad.examples))}
     paragraph = np.array([contexts[squad.examples[i].context] for i in features.example_index])
     return plan, features, paragraph
@@ -120,10 +117,10 @@ def stats(args: argparse.Namespace, result: dict[str, Any]) -> None:
     plan, features, paragraph = local_setup()
     batch, max_len = plan.hparams.global_batch_size, plan.data.max_seq_length
     # Full-size: SQuAD v1.1 at 384/128 has ~88.6k windows; lengths drawn from the bundled text's.
-    tokenizer = data.load_tokenizer(plan.data.pretrained_model)
-    squad = data.load_squad(ROOT / plan.data.train_file, training=True)
-    long = data.build_features(
-        squad.examples, tokenizer, data.WindowSpec(384, 128, 64), labels=True, offsets=False
+    tokenizer = load_tokenizer(plan.data.pretrained_model)
+    squad = squad_json.load_squad(ROOT / plan.data.train_file, training=True)
+    long = build_features(
+        squad.examples, tokenizer, WindowSpec(384, 128, 64), labels=True, offsets=False
     )
     full = np.random.default_rng(0).choice(long.lengths, SQUAD_V11_WINDOWS)
     rows = {}
@@ -160,15 +157,16 @@ def stats(args: argparse.Namespace, result: dict[str, Any]) -> None:
 
 def speed(args: argparse.Namespace, result: dict[str, Any]) -> None:
     import torch
-    from common import Loop, Rung, time_loop
+
+    from bench.common import Loop, Rung, time_loop
 
     plan, features, _ = local_setup()
     device = torch.device(args.device)
-    model_path = data.resolve_pretrained(plan.data.pretrained_model)
+    model_path = resolve_pretrained(plan.data.pretrained_model)
     batches_by_arm = {}
     for arm, (batching, multiple) in ARMS.items():
         s = sampler(features.lengths, plan.hparams.global_batch_size, arm, args.seeds[0])
-        collate = modeling.Collator(features, batching != "padded", multiple, labels=True)
+        collate = Collator(features, batching != "padded", multiple, labels=True)
         batches_by_arm[arm] = [collate(ix.tolist()) for ix in s.batches(0)[: args.warmup + args.batches]]
     seconds: dict[str, list[float]] = {arm: [] for arm in ARMS}
     for _ in range(args.rounds):  # interleaved, best of the rounds: drift hits every arm alike
@@ -267,7 +265,7 @@ def main() -> int:
     if min(args.jobs, args.batches, args.rounds) < 1 or args.warmup < 0:
         parser.error("--jobs, --batches and --rounds must be >= 1, --warmup >= 0")
     result = study.load(args.json, {"config": args.config, "baseline": BASELINE})
-    result["command"] = " ".join(["python3", "bench/batching.py", *sys.argv[1:]])
+    result["command"] = " ".join(["python3", "-m", "bench.batching", *sys.argv[1:]])
     if args.what == "stats":
         stats(args, result)
     elif args.what == "speed":

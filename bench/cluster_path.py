@@ -1,12 +1,12 @@
 """Wall time of the same short 2-slot run: the emulated 0.38.1 cluster path vs local torchrun.
 
-    python3 bench/cluster_path.py [--batches 20] [--repeats 2] [--json FILE]   # needs root
-    python3 bench/cluster_path.py --profiling ...   # the cluster path, profiler off vs on
+    python3 -m bench.cluster_path [--batches 20] [--repeats 2] [--json FILE]   # needs root
+    python3 -m bench.cluster_path --profiling ...   # the cluster path, profiler off vs on
 
 Both run the embedded default (local.yaml: MiniLM, the bundled SQuAD text) for --batches batches
 on 2 CPU processes (gloo) and end with the full validation on the 810-question dev excerpt, from
 a warm feature cache. The cluster path starts the trial as a 0.38.1 agent does
-(tests/det_cluster.py: a private mount namespace per container, prep_container, exec.launch,
+(tests/support/det_cluster.py: a private mount namespace per container, prep_container, exec.launch,
 determined.launch.torch_distributed, pid_server/pid_client, wrap_rank) and the trial talks to a
 stand-in master over loopback; the local path is `torchrun --standalone --nproc_per_node=2
 train.py`. Runs alternate so drift on this shared VM hits both. Prints one JSON object with the
@@ -27,26 +27,22 @@ import tempfile
 import time
 from pathlib import Path
 
+from extractive_qa import config_loading, scaling_runs
+from tests.support import det_cluster
+from tests.support.cli_result import last_json
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
-
-import det_cluster  # noqa: E402
-from cli_result import last_json  # noqa: E402
-
-import config  # noqa: E402
-import scaling_runs  # noqa: E402
 
 
 def experiment(batches: int, cache: Path) -> tuple[dict, dict]:
-    conf = config.load_yaml(ROOT / "local.yaml")
+    conf = config_loading.load_yaml(ROOT / "local.yaml")
     conf["data"]["cache_dir"] = str(cache)
     for key in ("train_file", "validation_file"):  # the very files both paths read
         conf["data"][key] = str(ROOT / conf["data"][key])
     conf["resources"]["slots_per_trial"] = 2
     conf["hyperparameters"]["train_length"] = {"type": "const", "val": {"batches": batches}}
     conf["entrypoint"] = "python3 -m determined.launch.torch_distributed python3 train.py"
-    return conf, config.local_hparams(conf)
+    return conf, config_loading.local_hparams(conf)
 
 
 def local_run(conf: dict, tmp: Path) -> tuple[float, dict]:

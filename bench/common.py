@@ -2,7 +2,7 @@
 
 The bare loop (`Loop`) does what SquadTrial.train_batch does -- forward under autocast,
 backward, clip, optimizer and schedule step -- without Determined, one switch at a time (`Rung`).
-Scripts in bench/ import this as `common` (their own folder is first on sys.path).
+Benchmarks import it as `bench.common`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import io
 import itertools
 import json
 import os
-import sys
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -23,14 +22,14 @@ from typing import Any
 import torch
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import train
+from extractive_qa import config_loading, local_launch, model_io, optimization
+from extractive_qa.batching import forward_params, model_inputs
+from extractive_qa.features import EMBEDDED_MODEL, resolve_pretrained
+from extractive_qa.settings import Hyperparameters
 
-import config  # noqa: E402
-import data  # noqa: E402
-import model_def  # noqa: E402
-import modeling  # noqa: E402
-import train  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
+
 
 BERT_BASE = dict(
     vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072
@@ -44,10 +43,10 @@ SEED = 42
 @dataclass
 class Rung:
     name: str
-    batching: str  # config.BATCHINGS: padded (the standard recipe), random, buckets, sorted
+    batching: str  # BATCHINGS: padded (the standard recipe), random, buckets, sorted
     multiple: int  # pad_to_multiple_of: a batch's width is rounded up to it (and buckets' width)
     attn: str
-    optimizer: str  # "plain" torch AdamW, or "trial" = model_def.build_optimizer (fused on CUDA)
+    optimizer: str  # "plain" torch AdamW, or "trial" = optimization.build_optimizer (fused on CUDA)
     precision: str
     compile: str = ""  # torch.compile mode ("default", "reduce-overhead": CUDA graphs); "": eager
     tf32: bool = False  # CUDA only: the trial's default (hyperparameters.tf32)
@@ -55,7 +54,7 @@ class Rung:
 
 def model_dir(kind: str, tmp: Path, tokenizer: Any) -> str:
     if kind == "embedded":
-        return data.resolve_pretrained(data.EMBEDDED_MODEL)
+        return resolve_pretrained(EMBEDDED_MODEL)
     from transformers import BertConfig, BertForQuestionAnswering
 
     torch.manual_seed(0)  # random weights: speed does not depend on them
@@ -69,19 +68,19 @@ class Loop:
     """What SquadTrial.train_batch does, without Determined: forward, backward, clip, step."""
 
     def __init__(
-        self, model_path: str, rung: Rung, hp: config.Hyperparameters, total: int, device: torch.device
+        self, model_path: str, rung: Rung, hp: Hyperparameters, total: int, device: torch.device
     ) -> None:
         from transformers import AutoModelForQuestionAnswering
         from transformers.utils import logging as hf_logging
 
         hf_logging.set_verbosity_error()
         hf_logging.disable_progress_bar()  # a 'Loading weights' bar per rung between the table rows
-        train.seed_everything(SEED)  # as train.py seeds before the trial builds its model
+        local_launch.seed_everything(SEED)  # as train.py seeds before the trial builds its model
         if device.type == "cuda":
-            modeling.configure_cuda_math(rung.tf32)
+            model_io.configure_cuda_math(rung.tf32)
         model = AutoModelForQuestionAnswering.from_pretrained(model_path, attn_implementation=rung.attn)
         self.model = model.to(device).train()
-        self.accepted = modeling.forward_params(model)
+        self.accepted = forward_params(model)
         if rung.optimizer == "plain":
             self.optimizer = torch.optim.AdamW(
                 model.parameters(),
@@ -90,10 +89,10 @@ class Loop:
                 weight_decay=hp.weight_decay,
             )
         else:
-            self.optimizer = model_def.build_optimizer(model, hp, hp.learning_rate, device)
+            self.optimizer = optimization.build_optimizer(model, hp, hp.learning_rate, device)
         warmup = int(hp.warmup_ratio * total)
         self.schedule = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, model_def.linear_warmup_decay(total, warmup)
+            self.optimizer, optimization.linear_warmup_decay(total, warmup)
         )
         self.precision = rung.precision
         self.scaler = torch.amp.GradScaler("cuda") if rung.precision == "fp16" else None
@@ -103,9 +102,9 @@ class Loop:
     def step(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         inputs = {
             k: v.to(self.device, non_blocking=True)
-            for k, v in modeling.model_inputs(batch, self.accepted).items()
+            for k, v in model_inputs(batch, self.accepted).items()
         }
-        with modeling.autocast(self.device.type, self.precision):
+        with model_io.autocast(self.device.type, self.precision):
             loss = self.forward(**inputs).loss
         if self.scaler:
             self.scaler.scale(loss).backward()
@@ -156,7 +155,7 @@ def tiny_validation_file(tmp: Path) -> Path:
 
 
 def trial_config(args: argparse.Namespace, model_path: str, tmp: Path) -> Path:
-    conf = config.load_yaml(ROOT / "local.yaml")
+    conf = config_loading.load_yaml(ROOT / "local.yaml")
     conf["data"].update(
         pretrained_model=model_path,
         train_file=str(args.train_file),

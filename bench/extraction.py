@@ -1,32 +1,28 @@
-"""Answer extraction: vectorised (data.extract_answers) vs the standard post-processing.
+"""Answer extraction: vectorised (extract_answers) vs the standard post-processing.
 
-The baseline is what users of the transformers QA examples run (tests/reference_extraction.py:
+The baseline is what users of the transformers QA examples run (tests/support/reference_extraction.py:
 standard_postprocess). Both run on the same ~10k examples over real SQuAD windows (the v1.1 dev
 excerpt repeated) with two kinds of logits: random, and shaped like a trained model's (low on
 question, special and padding tokens -- the baseline then has more in-context candidates to
 pair, as on real predictions). Answers are checked for identity against the per-pair reference
 loop (same rule as ours) and for agreement with the baseline; the ratio is printed per kind.
 
-    python3 bench/extraction.py [--examples 10000] [--repeats 3] [--json FILE]
+    python3 -m bench.extraction [--examples 10000] [--repeats 3] [--json FILE]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from extractive_qa.answers import extract_answers
+from tests.support.reference_extraction import loop_extract, setup, standard_postprocess, trained_shaped
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
-
-from reference_extraction import loop_extract, setup, standard_postprocess, trained_shaped  # noqa: E402
-
-import data  # noqa: E402
 
 
 def best_of(repeats: int, fn: Callable[..., Any], *args: Any) -> tuple[Any, float]:
@@ -50,7 +46,7 @@ def main() -> None:
     for kind in ("random", "trained_shaped"):
         if kind == "trained_shaped":
             start, end = trained_shaped(features, start), trained_shaped(features, end)
-        ours, t_ours = best_of(args.repeats, data.extract_answers, examples, features, start, end)
+        ours, t_ours = best_of(args.repeats, extract_answers, examples, features, start, end)
         standard, t_standard = best_of(args.repeats, standard_postprocess, examples, features, start, end)
         agree = sum(ours.text[k] == v for k, v in standard.items()) / len(standard)
         result[kind] = {

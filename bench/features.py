@@ -1,13 +1,13 @@
 """Feature preparation: our paragraph-once path vs the standard fast-tokenizer recipe.
 
-The standard recipe (the transformers QA examples' method, tests/reference_features.py): batched
+The standard recipe (the transformers QA examples' method, tests/support/reference_features.py): batched
 tokenizer calls over (question, context) pairs, 1,000 examples per call as `datasets.map` runs
 it, with overflow windows and offset mappings, padded to max length, then a Python loop that
 labels start/end tokens. Both run side by side on the same ~40k real examples
 (the v1.1 train excerpt repeated with fresh ids, each copy's contexts given a distinct tail so no
 copy shares a paragraph with another), features are compared for identity, and the ratio printed.
 
-    python3 bench/features.py [--copies 150] [--json FILE]
+    python3 -m bench.features [--copies 150] [--json FILE]
 """
 
 from __future__ import annotations
@@ -15,27 +15,23 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import sys
 import time
 from pathlib import Path
 
+from extractive_qa import squad_json
+from extractive_qa.features import EMBEDDED_MODEL, WindowSpec, build_features, load_tokenizer
+from tests.support.reference_features import compare, standard_recipe
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-sys.path.insert(0, str(ROOT / "tests"))
-
-from reference_features import compare, standard_recipe  # noqa: E402
-
-import data  # noqa: E402
 
 
-def replicate(examples, copies: int) -> list[data.Example]:
+def replicate(examples, copies: int) -> list[squad_json.Example]:
     """Copies of the excerpt with fresh ids; each copy's contexts get a distinct tail."""
     out = []
     for c in range(copies):
         tail = f" (copy {c})"
         for ex in examples:
-            out.append(data.Example(f"{ex.id}-{c}", ex.question, ex.context + tail, ex.answers))
+            out.append(squad_json.Example(f"{ex.id}-{c}", ex.question, ex.context + tail, ex.answers))
     return out
 
 
@@ -44,16 +40,16 @@ def main() -> None:
     parser.add_argument("--copies", type=int, default=150, help="150 copies = ~40k examples")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    squad = data.load_squad(ROOT / "squad_data/train-v1.1-excerpt.json", training=True)
-    tokenizer = data.load_tokenizer(data.EMBEDDED_MODEL)
+    squad = squad_json.load_squad(ROOT / "squad_data/train-v1.1-excerpt.json", training=True)
+    tokenizer = load_tokenizer(EMBEDDED_MODEL)
     examples = replicate(squad.examples, args.copies)
-    spec = data.WindowSpec()
+    spec = WindowSpec()
 
     t0 = time.perf_counter()
     standard = standard_recipe(examples, tokenizer, spec)
     t_standard = time.perf_counter() - t0
     t0 = time.perf_counter()
-    ours = data.build_features(examples, tokenizer, spec, labels=True, offsets=False)
+    ours = build_features(examples, tokenizer, spec, labels=True, offsets=False)
     t_ours = time.perf_counter() - t0
     differ = compare(ours, standard)
     result = {

@@ -4,7 +4,7 @@ Writes the v1.1 train excerpt repeated with fresh ids and distinct context tails
 88,232 questions) to a temporary file, runs `data.py` on it in a child process (cache build),
 then again (cache hit), and prints the child's peak RSS and both wall times.
 
-    python3 bench/full_size.py [--copies 328]
+    python3 -m bench.full_size [--copies 328]
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+from extractive_qa import feature_cache
+from tests.support.cli_result import last_json
 
-from cli_result import last_json  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_json(cmd: list[str]) -> dict:
@@ -60,12 +60,10 @@ def main() -> None:
         peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
         hit = run_json(cmd)
         # The cache load alone (what a rank does once the cache exists): open the memmaps.
-        sys.path.insert(0, str(ROOT))
-        import data
 
         (cache_dir,) = [p for p in (Path(tmp) / "cache").glob("train-*") if p.is_dir()]
         t0 = time.perf_counter()
-        features = data.load_features(cache_dir)
+        features = feature_cache.load_features(cache_dir)
         load_s = time.perf_counter() - t0
         assert len(features) == build["features"]
     result = {

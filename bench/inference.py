@@ -11,8 +11,8 @@ Two parts, one run:
    the checkpoint's model, per precision and batch size -- the numbers to compare with NVIDIA's
    119 sequences/s for BERT-base SQuAD inference on one V100 (as cited in issue 4).
 
-    python3 bench/inference.py [--checkpoint DIR] [--questions 810] [--single 60] [--json FILE]
-    python3 bench/inference.py --device cuda --shapes-only          # on a GPU
+    python3 -m bench.inference [--checkpoint DIR] [--questions 810] [--single 60] [--json FILE]
+    python3 -m bench.inference --device cuda --shapes-only          # on a GPU
 """
 
 from __future__ import annotations
@@ -29,15 +29,14 @@ from typing import Any
 
 import torch
 
+import predict
+from bench.common import BERT_BASE, sync
+from extractive_qa import config_loading, model_io, run_plan, squad_json, squad_sources
+from extractive_qa.features import load_tokenizer, resolve_pretrained
+from extractive_qa.settings import ConfigError
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from common import BERT_BASE, sync  # noqa: E402
-
-import config  # noqa: E402
-import data  # noqa: E402
-import modeling  # noqa: E402
-import predict  # noqa: E402
 
 NVIDIA_V100_SEQ_PER_S = 119.0
 
@@ -47,15 +46,15 @@ def export_embedded(target: Path, conf_path: Path) -> Path:
     from transformers import AutoModelForQuestionAnswering
     from transformers.utils import logging as hf_logging
 
-    conf = config.load_yaml(conf_path)
-    plan = config.run_plan(conf, config.local_hparams(conf), 1)
+    conf = config_loading.load_yaml(conf_path)
+    plan = run_plan.run_plan(conf, config_loading.local_hparams(conf), 1)
     hf_logging.set_verbosity_error()  # the QA head is newly initialised; that is the point here
     name = plan.data.pretrained_model
-    model = AutoModelForQuestionAnswering.from_pretrained(data.resolve_pretrained(name))
+    model = AutoModelForQuestionAnswering.from_pretrained(resolve_pretrained(name))
     model.save_pretrained(target, safe_serialization=True)
-    data.load_tokenizer(name).save_pretrained(target)
+    load_tokenizer(name).save_pretrained(target)
     eval_batch = plan.data.eval_batch_size_per_slot(plan.hparams.global_batch_size)  # one slot
-    modeling.QASettings.from_run(plan.data, plan.hparams, eval_batch).save(target)
+    model_io.QASettings.from_run(plan.data, plan.hparams, eval_batch).save(target)
     return target
 
 
@@ -110,7 +109,7 @@ def forward_rate(
         "attention_mask": torch.ones_like(ids),
         "token_type_ids": torch.zeros_like(ids),
     }
-    with torch.inference_mode(), modeling.autocast(device.type, dtype):
+    with torch.inference_mode(), model_io.autocast(device.type, dtype):
         for _ in range(2):
             model(**inputs)
         sync(device)
@@ -219,8 +218,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             checkpoint = args.checkpoint or str(export_embedded(Path(tmp), ROOT / "local.yaml"))
             predictor = predict.Predictor(checkpoint, str(args.device))
-            squad = data.load_squad(args.squad, training=False)
-        except (data.DataError, config.ConfigError) as err:
+            squad = squad_json.load_squad(args.squad, training=False)
+        except (squad_sources.DataError, ConfigError) as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
         result["model"] = predictor.settings.pretrained_model
@@ -234,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             result["shapes"] = shapes(shape_models(predictor), args, args.device)
     if args.json:
-        data.write_text_atomic(args.json, json.dumps(result))
+        squad_sources.write_text_atomic(args.json, json.dumps(result))
     print(json.dumps(result))
     return 0
 

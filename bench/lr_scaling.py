@@ -1,7 +1,7 @@
 """Does F1 survive a larger batch? The learning-rate rule, measured on paired seeds.
 
-    python3 bench/lr_scaling.py run [--jobs 8] [--json FILE]   # all phases; resumable
-    python3 bench/lr_scaling.py report [--json FILE]           # table, pass/fail goals, PNG
+    python3 -m bench.lr_scaling run [--jobs 8] [--json FILE]   # all phases; resumable
+    python3 -m bench.lr_scaling report [--json FILE]           # table, pass/fail goals, PNG
 
 The embedded default (local.yaml: MiniLM, bundled SQuAD text, 3 epochs) at micro-batch 4, so
 1x has ~800 optimizer steps. Aggregation k (optimizations.aggregation_frequency) runs the *same*
@@ -45,15 +45,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from extractive_qa import config_loading, run_plan
+from extractive_qa.settings import Hyperparameters
+
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import study  # noqa: E402
-from study import ROOT  # noqa: E402
-
-sys.path.insert(0, str(ROOT))
-
-import config  # noqa: E402
+from bench import study
+from bench.study import ROOT
 
 MICRO_BATCH = 4
 REFERENCE_LRS = (5e-5, 1e-4, 2e-4)
@@ -67,11 +65,11 @@ FREQUENCIES = (1, 2, 4, 8)
 RULES = ("none", "sqrt", "linear")
 SEEDS = "42,43,44,45,46"  # the comparisons' cells use them all, the others the first 3
 WARMUP = 0.1  # local.yaml's
-EPOCHS = config.load_yaml(ROOT / "local.yaml")["hyperparameters"]["train_length"]["val"]["epochs"]
-DEFAULT_BETA2 = config.Hyperparameters().adam_beta2  # 0.999, as the cluster YAMLs ship it
+EPOCHS = config_loading.load_yaml(ROOT / "local.yaml")["hyperparameters"]["train_length"]["val"]["epochs"]
+DEFAULT_BETA2 = Hyperparameters().adam_beta2  # 0.999, as the cluster YAMLs ship it
 # RAdam's forms: as multi_machine.yaml shipped it (10 % linear warm-up on top of the rectifier),
 # without the extra warm-up, and shorter rectifier warm-ups: its step passes half the lr after 556
-# steps at beta2 0.999, 61 at 0.99, 16 at 0.95 (model_def.radam_half_lr_step) -- the last about as
+# steps at beta2 0.999, 61 at 0.99, 16 at 0.95 (optimization.radam_half_lr_step) -- the last about as
 # long as AdamW's own 10 % warm-up at 2x here (40 of 403 steps), the shortest still a warm-up.
 RADAM_FORMS = ((WARMUP, DEFAULT_BETA2), (0.0, DEFAULT_BETA2), (0.0, 0.99), (0.0, 0.95))
 
@@ -111,7 +109,7 @@ def more_steps(rule: str, ref: float) -> dict[str, Any]:
 
 
 def radam_forms(k: int, rule: str, ref: float) -> list[dict[str, Any]]:
-    """RAdam in each of RADAM_FORMS. The arithmetic is model_def.radam_step_share's: over a 2x run
+    """RAdam in each of RADAM_FORMS. The arithmetic is optimization.radam_step_share's: over a 2x run
     here (403 steps) RAdam moves the weights 0.25x / 0.23x / 0.63x / 0.89x as far as AdamW."""
     return [cell("radam", k, rule, ref, warmup, beta2) for warmup, beta2 in RADAM_FORMS]
 
@@ -124,10 +122,10 @@ def radam_choice(
 
 
 def resolved(c: dict[str, Any]) -> float:
-    hp = config.Hyperparameters(
+    hp = Hyperparameters(
         learning_rate=c["learning_rate"], lr_scaling=c["lr_scaling"], reference_batch_size=MICRO_BATCH
     )
-    return config.resolved_learning_rate(hp, MICRO_BATCH * c["aggregation_frequency"])
+    return run_plan.resolved_learning_rate(hp, MICRO_BATCH * c["aggregation_frequency"])
 
 
 def runs(cells: list[dict[str, Any]], seeds: tuple[int, ...]) -> list[study.Run]:
@@ -520,7 +518,7 @@ def main() -> int:
         args.json = ROOT / "bench" / "results" / f"lr-scaling-{device}.json"
     result = study.load(args.json, {"config": args.config, "micro_batch": MICRO_BATCH})
     result["rows"] = with_epochs(result["rows"])
-    result["command"] = " ".join(["python3", "bench/lr_scaling.py", *sys.argv[1:]])
+    result["command"] = " ".join(["python3", "-m", "bench.lr_scaling", *sys.argv[1:]])
     if args.what == "run":
         result = run(args, result)
         study.save(args.json, result)

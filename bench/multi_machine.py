@@ -1,10 +1,10 @@
 """The write-up's multi-machine experiment in miniature: 2 machines x 1 slot over a shaped link.
 
-    sudo python3 bench/multi_machine.py [--links 10gbit,1gbit,100mbit] [--aggregation 1,2,4]
+    sudo python3 -m bench.multi_machine [--links 10gbit,1gbit,100mbit] [--aggregation 1,2,4]
                                         [--batches 16] [--out runs/multi-machine]
 
 Every run is the embedded default (local.yaml: MiniLM, AdamW) started as a 0.38.1 allocation
-(tests/det_cluster.py) on emulated hosts (tests/det_netns.py: network namespaces on a switch,
+(tests/support/det_cluster.py) on emulated hosts (tests/support/det_netns.py: network namespaces on a switch,
 each machine's link shaped with tc tbf). Per aggregation frequency: one 1-machine x 1-slot run
 (per-slot batch 8) and, for each link, a 2-machine x 1-slot run (global batch 16, the same
 per-slot compute: one CPU thread per machine); at the slowest link also with fp16 gradient
@@ -28,16 +28,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import scaling
+from extractive_qa import config_loading
+from extractive_qa.features import EMBEDDED_MODEL, resolve_pretrained
+from tests.support import det_cluster, det_netns
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 
-import det_cluster  # noqa: E402
-import det_netns  # noqa: E402
-
-import config  # noqa: E402
-import data  # noqa: E402
-import scaling  # noqa: E402
 
 PER_SLOT_BATCH = 8
 DELAYS: set[str | None] = set()  # the one-way delays the links had (None: netem missing)
@@ -55,7 +52,7 @@ def small_validation_set(tmp: Path) -> Path:
 
 
 def experiment(slots: int, agg: int, batches: int, compression: bool, dev: Path) -> tuple[dict, dict]:
-    conf = config.load_yaml(ROOT / "local.yaml")
+    conf = config_loading.load_yaml(ROOT / "local.yaml")
     conf["data"].update(
         cache_dir=".cache/features",  # per machine
         train_file=str(ROOT / conf["data"]["train_file"]),
@@ -66,7 +63,7 @@ def experiment(slots: int, agg: int, batches: int, compression: bool, dev: Path)
     conf["min_validation_period"] = {"batches": batches}
     conf["scheduling_unit"] = 4
     conf["entrypoint"] = "python3 -m determined.launch.torch_distributed python3 train.py"
-    hp = config.local_hparams(conf)
+    hp = config_loading.local_hparams(conf)
     hp["global_batch_size"] = PER_SLOT_BATCH * slots
     hp["train_length"] = {"batches": batches}
     return conf, hp
@@ -102,7 +99,7 @@ def run(tmp: Path, conf: dict, hp: dict, machines: int, link: str) -> scaling.Ru
 def parameters() -> int:
     from transformers import AutoModelForQuestionAnswering
 
-    model = AutoModelForQuestionAnswering.from_pretrained(data.resolve_pretrained(data.EMBEDDED_MODEL))
+    model = AutoModelForQuestionAnswering.from_pretrained(resolve_pretrained(EMBEDDED_MODEL))
     return sum(p.numel() for p in model.parameters())
 
 

@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+from tests.support.cli_result import last_json
 
-from cli_result import last_json  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
+
 
 # Two-sided 95 % Student t quantiles by degrees of freedom (1..30); beyond that ~1.96.
 T975 = [

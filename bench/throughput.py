@@ -1,7 +1,7 @@
 """Training throughput, side by side in one run, on real SQuAD windows.
 
-    python3 bench/throughput.py [--model embedded|bert-base] [--batches 24] [--json FILE]
-    python3 bench/throughput.py --model bert-base --device cuda --precision bf16 --json gpu.json
+    python3 -m bench.throughput [--model embedded|bert-base] [--batches 24] [--json FILE]
+    python3 -m bench.throughput --model bert-base --device cuda --precision bf16 --json gpu.json
 
 Two comparisons, each on identical inputs:
 
@@ -18,7 +18,7 @@ Two comparisons, each on identical inputs:
    (--compile [MODE ...]). The last rung before compile is the fast path (the trial's default settings);
    dynamic_padding_speedup = fast path / standard recipe.
 
-FLOPs per batch: modeling.training_flops (6 x non-embedding parameters + 12 x layers x hidden x
+FLOPs per batch: flops.training_flops (6 x non-embedding parameters + 12 x layers x hidden x
 width, per token computed, padding included; sources in its docstring and docs/gpu.md). On a GPU
 the table shows model FLOPs utilisation against the card's dense bf16 peak, and the fast path's
 projected time for SQuAD v1.1 x 2 epochs (88.6k windows x 2).
@@ -42,9 +42,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from extractive_qa import config_loading, flops, run_plan, squad_json
+from extractive_qa.batching import Collator, FeatureBatchSampler, FeatureDataset, training_batches
+from extractive_qa.features import EMBEDDED_MODEL, Features, WindowSpec, build_features, load_tokenizer
+from extractive_qa.settings import PRECISIONS, Hyperparameters
+
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from common import (  # noqa: E402
+from bench.common import (
     ROOT,
     SEED,
     SQUAD_V11_WINDOWS,
@@ -56,10 +61,6 @@ from common import (  # noqa: E402
     time_loop,
     trial_config,
 )
-
-import config  # noqa: E402
-import data  # noqa: E402
-import modeling  # noqa: E402
 
 # Dense (no sparsity) bf16 tensor-core peaks, TFLOP/s, from NVIDIA's data sheets.
 BF16_PEAK_TFLOPS = {
@@ -86,12 +87,12 @@ def peak_tflops(device: torch.device) -> float | None:
 
 
 def flop_counter(model_path: str) -> Callable[[int, int], float]:
-    """FLOPs of a training step on (batch, width): modeling.training_flops on a meta-device model."""
+    """FLOPs of a training step on (batch, width): flops.training_flops on a meta-device model."""
     from transformers import AutoConfig, AutoModelForQuestionAnswering
 
     with torch.device("meta"):
         model = AutoModelForQuestionAnswering.from_config(AutoConfig.from_pretrained(model_path))
-    return lambda batch, width: modeling.training_flops(model, batch, width)
+    return lambda batch, width: flops.training_flops(model, batch, width)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -113,7 +114,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument(
         "--precision",
-        choices=config.PRECISIONS,
+        choices=PRECISIONS,
         help="fast path precision (default: bf16 on CUDA, fp32 on CPU)",
     )
     parser.add_argument(
@@ -149,19 +150,19 @@ class Setup:
     tmp: Path
     model_path: str
     conf_path: Path
-    hp: config.Hyperparameters
-    features: data.Features
+    hp: Hyperparameters
+    features: Features
 
     @classmethod
     def build(cls, args: argparse.Namespace, tmp: Path) -> Setup:
-        tokenizer = data.load_tokenizer(data.EMBEDDED_MODEL)  # the bert-base-uncased vocab
+        tokenizer = load_tokenizer(EMBEDDED_MODEL)  # the bert-base-uncased vocab
         model_path = model_dir(args.model, tmp, tokenizer)
         conf_path = trial_config(args, model_path, tmp)
-        conf = config.load_yaml(conf_path)
-        plan = config.run_plan(conf, config.local_hparams(conf), 1)
-        squad = data.load_squad(args.train_file, training=True)
-        spec = data.WindowSpec(args.max_seq_length, args.doc_stride, plan.data.max_query_length)
-        features = data.build_features(squad.examples, tokenizer, spec, labels=True, offsets=False)
+        conf = config_loading.load_yaml(conf_path)
+        plan = run_plan.run_plan(conf, config_loading.local_hparams(conf), 1)
+        squad = squad_json.load_squad(args.train_file, training=True)
+        spec = WindowSpec(args.max_seq_length, args.doc_stride, plan.data.max_query_length)
+        features = build_features(squad.examples, tokenizer, spec, labels=True, offsets=False)
         return cls(args, tmp, model_path, conf_path, plan.hparams, features)
 
 
@@ -205,7 +206,7 @@ class Table:
 def harness_overhead(setup: Setup, table: Table) -> dict[str, Any]:
     """1. The trial through Determined's local Trainer vs the bare loop, on the same batches."""
     args, hp, features = setup.args, setup.hp, setup.features
-    sampler, collate = modeling.training_batches(
+    sampler, collate = training_batches(
         features, args.batch_size, batching=hp.batching, multiple=hp.pad_to_multiple_of, seed=SEED
     )
     trial_batches = [collate(ix.tolist()) for ix in sampler.batches(0)[: args.batches]]
@@ -225,7 +226,7 @@ def harness_overhead(setup: Setup, table: Table) -> dict[str, Any]:
         # Batches come through a torch DataLoader as in the trial: collation is inside the
         # timed loop for both, and the loader's seed draw keeps dropout's RNG in step.
         loader = torch.utils.data.DataLoader(
-            modeling.FeatureDataset(len(features)), batch_sampler=sampler, collate_fn=collate
+            FeatureDataset(len(features)), batch_sampler=sampler, collate_fn=collate
         )
         seconds, losses["bare"] = time_loop(loop, itertools.islice(loader, args.batches), 0)
         bare_s.append(seconds)
@@ -260,7 +261,7 @@ def harness_overhead(setup: Setup, table: Table) -> dict[str, Any]:
     }
 
 
-def fast_path_rungs(args: argparse.Namespace, hp: config.Hyperparameters) -> list[Rung]:
+def fast_path_rungs(args: argparse.Namespace, hp: Hyperparameters) -> list[Rung]:
     """The standard recipe, then one switch at a time up to the trial's defaults (+ compile)."""
     B, m = hp.batching, hp.pad_to_multiple_of  # the trial's default batching
     rungs = [
@@ -314,11 +315,11 @@ def ladder(setup: Setup, table: Table) -> dict[str, Any]:
     rows = []
     for rung in rungs:
         # A fixed sample of the windows: sample[ix] maps the sampler's positions to features.
-        sampler = modeling.FeatureBatchSampler(
+        sampler = FeatureBatchSampler(
             features.lengths[sample], args.batch_size, shuffle=True, batching=rung.batching, seed=SEED,
             bucket_width=rung.multiple,
         )  # fmt: skip
-        collate = modeling.Collator(features, rung.batching != "padded", rung.multiple, labels=True)
+        collate = Collator(features, rung.batching != "padded", rung.multiple, labels=True)
         batches = [collate(sample[ix].tolist()) for ix in sampler.batches(0)]
         loop = Loop(setup.model_path, rung, hp, len(batches), device)
         if device.type == "cuda":

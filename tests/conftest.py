@@ -12,10 +12,11 @@ from typing import Any
 
 import pytest
 import yaml
-from cli_result import last_json  # noqa: F401 -- the tests import it from here
+
+from extractive_qa.features import EMBEDDED_MODEL, load_tokenizer
+from tests.support.cli_result import last_json  # noqa: F401 -- the tests import it from here
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 DATA = ROOT / "squad_data"
 TRAIN_V1 = DATA / "train-v1.1-excerpt.json"
 DEV_V1 = DATA / "dev-v1.1-excerpt.json"
@@ -27,9 +28,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 @pytest.fixture(scope="session")
 def tokenizer() -> Any:
-    import data
 
-    return data.load_tokenizer(data.EMBEDDED_MODEL)
+    return load_tokenizer(EMBEDDED_MODEL)
 
 
 def _tiny(kind: str, tokenizer: Any, path: Path) -> Path:
@@ -138,12 +138,13 @@ def run_train(args: list[str]) -> tuple[int, dict[str, Any] | None, str]:
 
 
 def run_cli(args: list[str], cwd: Path | None = None) -> dict[str, Any]:
-    """Run one of the project's CLIs (`[script, *args]`) as a user would; its last stdout line,
-    parsed as JSON. A non-zero exit fails the test with the CLI's stderr."""
+    """Run one of the project's CLIs (`[script, *args]`, or `["-m", module, *args]`) from the
+    repository root as a user would; its last stdout line, parsed as JSON. A non-zero exit fails
+    the test with the CLI's stderr."""
     import subprocess
 
     out = subprocess.run(
-        [sys.executable, str(ROOT / args[0]), *args[1:]],
+        [sys.executable, *(args if args[0] == "-m" else [str(ROOT / args[0]), *args[1:]])],
         capture_output=True,
         text=True,
         cwd=cwd or ROOT,
@@ -157,4 +158,4 @@ def one_process_scores(checkpoint: Path | str, squad_file: Path | str, tmp: Path
     """EM/F1 of a checkpoint evaluated by one process: predict.py, then squad_metric.py."""
     preds = tmp / "one-process-predictions.json"
     run_cli(["predict.py", "--checkpoint", str(checkpoint), "--squad", str(squad_file), "--out", str(preds)])
-    return run_cli(["squad_metric.py", str(squad_file), str(preds)])
+    return run_cli(["-m", "extractive_qa.squad_metric", str(squad_file), str(preds)])

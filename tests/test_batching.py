@@ -1,4 +1,4 @@
-"""Training batches (modeling.FeatureBatchSampler): coverage, determinism, widths, rank sharding,
+"""Training batches (FeatureBatchSampler): coverage, determinism, widths, rank sharding,
 and no repetition across epochs beyond what the batching's own randomness gives."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from itertools import combinations
 import numpy as np
 import pytest
 
-import config
-import modeling
+from extractive_qa.batching import Collator, FeatureBatchSampler, evaluation_batches
+from extractive_qa.settings import BATCHINGS
 
-BATCHINGS = config.BATCHINGS
+BATCHINGS = BATCHINGS
 
 
 def lengths(n: int, seed: int = 0, max_len: int = 256) -> np.ndarray:
@@ -22,7 +22,7 @@ def lengths(n: int, seed: int = 0, max_len: int = 256) -> np.ndarray:
 
 
 def sampler(lens: np.ndarray, batching: str, batch: int = 16, ranks: int = 1, seed: int = 7):
-    return modeling.FeatureBatchSampler(
+    return FeatureBatchSampler(
         lens, batch, shuffle=True, batching=batching, seed=seed, ranks=ranks, bucket_width=64
     )
 
@@ -58,12 +58,12 @@ def test_buckets_share_a_width_across_the_ranks_of_a_global_batch() -> None:
     features.lengths = lens
     features.input_ids = np.zeros((len(lens), 256), dtype=np.int32)
     features.token_type_ids = None
-    collate = modeling.Collator(features, True, width, labels=False)
+    collate = Collator(features, True, width, labels=False)
     widths = {collate(b.tolist())["input_ids"].shape[1] for b in batches}
     assert widths <= {64, 128, 192, 256}
 
 
-def repeat_share(s: modeling.FeatureBatchSampler) -> float:
+def repeat_share(s: FeatureBatchSampler) -> float:
     def pairs(batches: list[np.ndarray]) -> set[tuple[int, int]]:
         return {p for b in batches for p in combinations(sorted(b.tolist()), 2)}
 
@@ -94,7 +94,7 @@ def test_random_and_bucketed_batches_repeat_no_more_than_their_randomness_gives(
 def test_evaluation_batches_are_sorted_and_unshuffled() -> None:
     lens = lengths(300)
     features = type("F", (), {"lengths": lens})()
-    s, _ = modeling.evaluation_batches(features, 32, 8)
+    s, _ = evaluation_batches(features, 32, 8)
     order = np.concatenate(s.batches(0))
     assert np.array_equal(lens[order], np.sort(lens)[::-1])
     assert all(np.array_equal(a, b) for a, b in zip(s.batches(0), s.batches(5), strict=True))

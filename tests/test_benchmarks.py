@@ -20,7 +20,8 @@ def test_inference_benchmark_runs_predicts_path_and_reports(trained, tmp_path: P
     out = subprocess.run(
         [
             sys.executable,
-            str(ROOT / "bench" / "inference.py"),
+            "-m",
+            "bench.inference",
             "--checkpoint",
             str(ckpt),
             "--questions",
@@ -54,7 +55,11 @@ def test_inference_benchmark_runs_predicts_path_and_reports(trained, tmp_path: P
 
 def _bench(script: str, *args: str) -> str:
     done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / script), *args], capture_output=True, text=True, check=False
+        [sys.executable, "-m", f"bench.{script.removesuffix('.py')}", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=ROOT,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
@@ -138,7 +143,7 @@ def test_lr_scaling_report_pairs_seeds_and_judges_the_goals(tmp_path: Path) -> N
 def _play_lr_study(f1: Callable[[dict, int], float]) -> list[dict]:
     """bench/lr_scaling.py's whole plan played against a made-up F1 landscape, pass by pass as
     its run() does (each pass runs what the rows so far have decided)."""
-    import lr_scaling
+    from bench import lr_scaling
 
     seeds, rows = (42, 43, 44, 45, 46), []
     for _ in range(10):
@@ -173,8 +178,7 @@ def test_lr_scaling_plan_gives_five_seeds_only_to_the_cells_a_goal_compares() ->
     everywhere."""
     import math
 
-    sys.path.insert(0, str(ROOT / "bench"))
-    import lr_scaling
+    from bench import lr_scaling
 
     def f1(c: dict, seed: int) -> float:
         k = c["aggregation_frequency"]
@@ -254,8 +258,7 @@ def test_lr_scaling_reference_sweep_grows_past_an_edge_that_scores_best() -> Non
     phase scales from."""
     import math
 
-    sys.path.insert(0, str(ROOT / "bench"))
-    import lr_scaling
+    from bench import lr_scaling
 
     def f1(c: dict, seed: int) -> float:
         best = 3e-4 * math.sqrt(c["aggregation_frequency"])

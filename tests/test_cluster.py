@@ -1,4 +1,4 @@
-"""The trial as a Determined 0.38.1 cluster runs it (tests/det_cluster.py), and the config as a
+"""The trial as a Determined 0.38.1 cluster runs it (tests/support/det_cluster.py), and the config as a
 master hands it over. Only model, data, lengths and slots differ from the repo's YAMLs."""
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ import pytest
 import yaml
 from conftest import DEV_V1, ROOT, TRAIN_V1, one_process_scores, run_cli
 
-import config
+from extractive_qa import config_loading, master_mirror, run_plan
+from extractive_qa.settings import Hyperparameters
+from tests.support import det_cluster, det_master
 
-det_cluster = pytest.importorskip("det_cluster")
-det_master = pytest.importorskip("det_master")
 WHY_NOT = det_cluster.supported()
 needs_containers = pytest.mark.skipif(WHY_NOT is not None, reason=f"emulated cluster: {WHY_NOT}")
 YAMLS = sorted(p.name for p in ROOT.glob("*.yaml"))
@@ -34,7 +34,7 @@ def shaped_like(
 ) -> tuple[dict, dict]:
     """A repo YAML with only model, data, lengths and slots overridden; returns (config, hparams
     as the master samples them: the YAML's values, a search space's first value)."""
-    conf = config.load_yaml(ROOT / yaml_name)
+    conf = config_loading.load_yaml(ROOT / yaml_name)
     conf["data"].update(
         pretrained_model=str(model),
         train_file=str(TRAIN_V1),
@@ -45,7 +45,7 @@ def shaped_like(
         max_query_length=32,
     )
     conf["resources"]["slots_per_trial"] = slots
-    hp = config.local_hparams(conf)
+    hp = config_loading.local_hparams(conf)
     hp.update(global_batch_size=4 * slots, precision="fp32", learning_rate=1e-3)
     searcher = conf["searcher"]
     if searcher.get("max_time") is not None:
@@ -118,8 +118,8 @@ def test_every_yaml_as_the_master_hands_it_passes_the_dry_run(name: str, tmp_pat
     assert handed["slots"] == json.loads(filled)["resources"]["slots_per_trial"]
     # The learning rate the run will use: the YAML's rule worked out by hand (a search space's
     # first value, as a local run picks it).
-    conf = config.load_yaml(ROOT / name)
-    hp = config.local_hparams(conf)
+    conf = config_loading.load_yaml(ROOT / name)
+    hp = config_loading.local_hparams(conf)
     samples = hp["global_batch_size"] * (conf.get("optimizations") or {}).get("aggregation_frequency", 1)
     power = {"sqrt": 0.5, "linear": 1.0}[hp["lr_scaling"]]
     expected = hp["learning_rate"] * (samples / hp["reference_batch_size"]) ** power
@@ -135,7 +135,7 @@ def test_the_cluster_yamls_are_one_recipe_at_different_scales() -> None:
     """const / distributed / multi_machine / search share data, learning rate, reference batch and
     rule; they differ in slots, batch, aggregation and optimizer, with what the optimizer needs
     (RAdam: its beta2 and no linear warm-up; search: what it searches)."""
-    confs = {name: config.load_yaml(ROOT / name) for name in CLUSTER_YAMLS}
+    confs = {name: config_loading.load_yaml(ROOT / name) for name in CLUSTER_YAMLS}
     base = confs["const.yaml"]["hyperparameters"]
     assert (base["learning_rate"], base["reference_batch_size"], base["lr_scaling"]) == (5e-5, 32, "sqrt")
     for name, conf in confs.items():
@@ -156,12 +156,9 @@ def test_the_cluster_yamls_are_one_recipe_at_different_scales() -> None:
 def test_multi_machine_ships_the_radam_form_the_study_chose() -> None:
     """multi_machine.yaml's RAdam settings are the form bench/lr_scaling.py's committed rows rank best
     at 2x, once every form has the seeds the choice is made on; on full SQuAD's ~461 optimizer steps
-    (88.6k windows, 2 epochs, 384 per step) that form trains without model_def.radam_warning."""
-    sys.path.insert(0, str(ROOT / "bench"))
-    import lr_scaling
-    import study
-
-    from model_def import radam_warning
+    (88.6k windows, 2 epochs, 384 per step) that form trains without optimization.radam_warning."""
+    from bench import lr_scaling, study
+    from extractive_qa.optimization import radam_warning
 
     rows = lr_scaling.with_epochs(study.load(ROOT / "bench" / "results" / "lr-scaling-cpu.json", {})["rows"])
     first3 = tuple(int(s) for s in lr_scaling.SEEDS.split(","))[:3]
@@ -169,23 +166,23 @@ def test_multi_machine_ships_the_radam_form_the_study_chose() -> None:
     rule = lr_scaling.best_rule(rows, ref, first3)
     assert all(lr_scaling.has_seeds(rows, c, first3) for c in lr_scaling.radam_forms(2, rule, ref))
     form = lr_scaling.radam_choice(rows, rule, ref, first3)
-    hp = config.load_yaml(ROOT / "multi_machine.yaml")["hyperparameters"]
+    hp = config_loading.load_yaml(ROOT / "multi_machine.yaml")["hyperparameters"]
     assert (hp["optimizer"], hp["warmup_ratio"], hp["adam_beta2"]) == (
         "radam",
         form["warmup_ratio"],
         form["adam_beta2"],
     )
-    shipped = config.Hyperparameters(
+    shipped = Hyperparameters(
         optimizer="radam", warmup_ratio=hp["warmup_ratio"], adam_beta2=hp["adam_beta2"]
     )
     assert radam_warning(shipped, 461, round(461 * hp["warmup_ratio"])) is None
-    assert radam_warning(config.Hyperparameters(optimizer="radam", warmup_ratio=0.1), 461, 46)  # as before
+    assert radam_warning(Hyperparameters(optimizer="radam", warmup_ratio=0.1), 461, 46)  # as before
 
 
 def test_zero_periods_from_the_master_mean_unset() -> None:
-    conf = config.with_master_defaults(config.load_yaml(ROOT / "search.yaml"))
+    conf = master_mirror.with_master_defaults(config_loading.load_yaml(ROOT / "search.yaml"))
     assert conf["min_checkpoint_period"] == {"batches": 0}
-    plan = config.run_plan(conf, config.local_hparams(conf), 1)
+    plan = run_plan.run_plan(conf, config_loading.local_hparams(conf), 1)
     assert plan.checkpoint_period is None
 
 
@@ -193,7 +190,7 @@ def test_dry_run_prints_the_plan_without_a_model(tmp_path: Path) -> None:
     out = run_cli(["train.py", "--config", str(ROOT / "multi_machine.yaml"), "--dry-run"])
     assert out["slots"] == 16 and out["aggregation_frequency"] == 2 and out["optimizer"] == "radam"
     assert out["per_slot_batch_size"] * 16 == out["global_batch_size"]
-    yaml_hp = config.load_yaml(ROOT / "multi_machine.yaml")["hyperparameters"]
+    yaml_hp = config_loading.load_yaml(ROOT / "multi_machine.yaml")["hyperparameters"]
     assert out["adam_betas"] == [yaml_hp.get(f"adam_beta{i}", d) for i, d in ((1, 0.9), (2, 0.999))]
     assert out["training_length"] == {"epochs": 2} and out["batches"] is None and "note" in out
     search = run_cli(["train.py", "--config", str(ROOT / "search.yaml"), "--dry-run"])
@@ -202,7 +199,7 @@ def test_dry_run_prints_the_plan_without_a_model(tmp_path: Path) -> None:
 
 
 def test_dry_run_names_the_bad_field(tmp_path: Path) -> None:
-    conf = config.load_yaml(ROOT / "search.yaml")
+    conf = config_loading.load_yaml(ROOT / "search.yaml")
     conf["min_validation_period"] = {"batches": 2500}
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(conf))
@@ -218,9 +215,9 @@ def test_dry_run_names_the_bad_field(tmp_path: Path) -> None:
 def test_asha_brackets_match_the_masters_arithmetic() -> None:
     # adaptive_asha.go: max_rungs = min(5, log4(10000)+1, log4(16)+1) = 3; standard mode -> 3 and 2.
     searcher = {"max_time": 10000, "max_trials": 16, "mode": "standard", "divisor": 4, "max_rungs": 5}
-    assert config.asha_brackets(searcher) == [[625, 2500, 10000], [2500, 10000]]
-    assert config.asha_brackets({**searcher, "mode": "aggressive"}) == [[625, 2500, 10000]]
-    assert config.asha_brackets({**searcher, "mode": "conservative"}) == [
+    assert master_mirror.asha_brackets(searcher) == [[625, 2500, 10000], [2500, 10000]]
+    assert master_mirror.asha_brackets({**searcher, "mode": "aggressive"}) == [[625, 2500, 10000]]
+    assert master_mirror.asha_brackets({**searcher, "mode": "conservative"}) == [
         [625, 2500, 10000],
         [2500, 10000],
         [10000],
@@ -247,7 +244,8 @@ def test_profiler_reports_system_metrics_when_the_yaml_enables_it(tiny_bert: Pat
     assert 0 <= cpu[0][agent]["cpu_util_simple"] <= 100
     # Off: no system metrics (a local run never asks; Determined only profiles on a cluster).
     off = {**conf, "profiling": {"enabled": False}}
-    assert not config.run_plan(off, config.local_hparams(off), 1).fit_kwargs(None)["profiling_enabled"]
+    plan_off = run_plan.run_plan(off, config_loading.local_hparams(off), 1)
+    assert not plan_off.fit_kwargs(None)["profiling_enabled"]
 
 
 @needs_containers
@@ -276,7 +274,7 @@ def test_the_upload_carries_the_bundled_data_local_yaml_reads() -> None:
     data files (relative paths, read from the context on a cluster) and no tests, caches or
     benchmarks; small enough to upload in seconds."""
     files = {f.path: f for f in det_master.context_files(ROOT)}
-    local = config.load_yaml(ROOT / "local.yaml")["data"]
+    local = config_loading.load_yaml(ROOT / "local.yaml")["data"]
     for key in ("train_file", "validation_file"):
         assert local[key] in files, f"{key} {local[key]} is not uploaded"
     assert {p for p in files if p.startswith("squad_data/")} == {
@@ -294,8 +292,8 @@ def test_local_yaml_runs_on_the_cluster_from_the_upload(tmp_path: Path) -> None:
     """local.yaml as the master hands it (only its length cut to 2 batches): the context brings
     the bundled data, the startup hook finds (or installs) the embedded model, the trial trains and
     validates on the 810 bundled questions."""
-    conf = config.load_yaml(ROOT / "local.yaml")
-    hp = config.local_hparams(conf)
+    conf = config_loading.load_yaml(ROOT / "local.yaml")
+    hp = config_loading.local_hparams(conf)
     hp["train_length"] = {"batches": 2}
     conf["min_validation_period"] = {"batches": 2}
     cluster, record = trial_run(tmp_path, conf, hp)
@@ -454,7 +452,7 @@ def test_each_yaml_names_its_scale_for_the_webui() -> None:
     """description and a scale-* label: the WebUI's experiment list filters and compares by them."""
     scales = {}
     for name in YAMLS:
-        conf = config.load_yaml(ROOT / name)
+        conf = config_loading.load_yaml(ROOT / name)
         assert isinstance(conf.get("description"), str) and conf["description"], name
         (scale,) = [label for label in conf["labels"] if label.startswith("scale-")]
         scales[name] = scale
@@ -490,7 +488,7 @@ def test_scaling_report_from_the_master_equals_the_report_from_the_same_reports(
     the report computed from the very reports the trials made (the local report's path)."""
     pytest.importorskip("matplotlib", reason="scaling.py report draws report.png (a local tool's need)")
     import scaling
-    import scaling_runs
+    from extractive_qa import scaling_runs
 
     base, hp = shaped_like("distributed.yaml", tiny_bert, tmp_path, batches=12, slots=1)
     base["hyperparameters"].update(hp)
@@ -502,7 +500,7 @@ def test_scaling_report_from_the_master_equals_the_report_from_the_same_reports(
         expected = []
         for i, v in enumerate(ran):
             cluster, record = trial_run(
-                tmp_path / f"run{i}", v.config, config.local_hparams(v.config), slots=v.slots
+                tmp_path / f"run{i}", v.config, config_loading.local_hparams(v.config), slots=v.slots
             )
             assert record.exit_codes[-1] == 0, record.failures()
             registry.add_experiment(v.config, cluster.master.metrics)

@@ -7,20 +7,21 @@ import json
 
 import pytest
 
-import config
+from extractive_qa import dry_run, run_plan
+from extractive_qa.settings import ConfigError, DataSettings, Hyperparameters
 
 FILES = {"train_file": "a.json", "validation_file": "b.json"}
 LENGTH = {"train_length": {"epochs": 1}}
 
 
-def _plan(data: dict | None = None, hparams: dict | None = None) -> config.RunPlan:
-    return config.run_plan({"data": {**FILES, **(data or {})}}, {**LENGTH, **(hparams or {})}, slots=1)
+def _plan(data: dict | None = None, hparams: dict | None = None) -> run_plan.RunPlan:
+    return run_plan.run_plan({"data": {**FILES, **(data or {})}}, {**LENGTH, **(hparams or {})}, slots=1)
 
 
 def test_settings_are_typed_frozen_and_normalised() -> None:
     plan = _plan({"squad_version": 2, "null_score_diff_threshold": 0}, {"learning_rate": 1})
-    assert isinstance(plan.hparams, config.Hyperparameters) and isinstance(plan.data, config.DataSettings)
-    assert plan.hparams == dataclasses.replace(config.Hyperparameters(), learning_rate=1.0)
+    assert isinstance(plan.hparams, Hyperparameters) and isinstance(plan.data, DataSettings)
+    assert plan.hparams == dataclasses.replace(Hyperparameters(), learning_rate=1.0)
     assert plan.data.squad_version == "2.0" and _plan({"squad_version": 1.1}).data.squad_version == "1.1"
     assert isinstance(plan.hparams.learning_rate, float) and plan.data.null_score_diff_threshold == 0.0
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -66,22 +67,22 @@ BAD = {
 @pytest.mark.parametrize("name", BAD)
 def test_bad_settings_name_the_field(name: str) -> None:
     data, hparams, message = BAD[name]
-    with pytest.raises(config.ConfigError) as err:
+    with pytest.raises(ConfigError) as err:
         _plan(data, hparams)
     assert message in str(err.value)
 
 
 def test_missing_required_data_setting() -> None:
-    with pytest.raises(config.ConfigError, match="data.validation_file is missing: give a SQuAD JSON"):
-        config.run_plan({"data": {"train_file": "a.json"}}, LENGTH, slots=1)
+    with pytest.raises(ConfigError, match="data.validation_file is missing: give a SQuAD JSON"):
+        run_plan.run_plan({"data": {"train_file": "a.json"}}, LENGTH, slots=1)
 
 
 def test_batch_not_divisible_by_slots() -> None:
     conf = {"data": FILES}
     hp = {"global_batch_size": 12, **LENGTH}
-    with pytest.raises(config.ConfigError, match="not divisible by the 8 slots"):
-        config.run_plan(conf, hp, slots=8)
-    assert config.run_plan(conf, hp, slots=4).hparams.global_batch_size == 12
+    with pytest.raises(ConfigError, match="not divisible by the 8 slots"):
+        run_plan.run_plan(conf, hp, slots=8)
+    assert run_plan.run_plan(conf, hp, slots=4).hparams.global_batch_size == 12
 
 
 def test_settings_listing_covers_every_field(capsys: pytest.CaptureFixture) -> None:
@@ -90,7 +91,7 @@ def test_settings_listing_covers_every_field(capsys: pytest.CaptureFixture) -> N
 
     assert train.main(["--settings"]) == 0
     lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
-    for section, cls in (("hyperparameters", config.Hyperparameters), ("data", config.DataSettings)):
+    for section, cls in (("hyperparameters", Hyperparameters), ("data", DataSettings)):
         for field in dataclasses.fields(cls):
             line = lines[f"{section}.{field.name}"]
             assert field.metadata["help"] in line
@@ -121,12 +122,11 @@ def test_learning_rate_follows_samples_per_optimizer_step(
         "reference_batch_size": 32,
     }
     conf = {"data": FILES, "optimizations": {"aggregation_frequency": aggregation}}
-    plan = config.run_plan(conf, hp, slots=2)
+    plan = run_plan.run_plan(conf, hp, slots=2)
     assert plan.learning_rate == pytest.approx(expected)
     assert plan.hparams.learning_rate == 2e-4  # the reference stays what the config says
-    import train
 
-    described = train.describe(plan, conf, 2)
+    described = dry_run.describe(plan, conf, 2)
     assert described["learning_rate"] == plan.learning_rate
     assert (described["reference_learning_rate"], described["lr_scaling"]) == (2e-4, rule)
     assert described["samples_per_optimizer_step"] == 8 * aggregation

@@ -11,16 +11,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import DATA, DEV_V1, DEV_V2, TRAIN_V1, last_json
-from reference_features import compare, standard_recipe
 
 import data
-import squad_metric
+from extractive_qa import feature_cache, squad_json, squad_metric, squad_sources
+from extractive_qa.features import EMBEDDED_MODEL, WindowSpec, build_features, load_tokenizer
+from tests.support.reference_features import compare, standard_recipe
 
 LOCAL_TRAIN = DATA / "local-train-v1.1.json"
 
 
 def _labelled_span_matches(examples, tokenizer, spec) -> tuple[int, list[str]]:
-    f = data.build_features(examples, tokenizer, spec, labels=True, offsets=True)
+    f = build_features(examples, tokenizer, spec, labels=True, offsets=True)
     checked, bad = 0, []
     for row in range(len(f)):
         ex = examples[f.example_index[row]]
@@ -36,8 +37,8 @@ def _labelled_span_matches(examples, tokenizer, spec) -> tuple[int, list[str]]:
 
 @pytest.mark.parametrize("path", [TRAIN_V1, LOCAL_TRAIN, DEV_V2])
 def test_labelled_spans_decode_to_the_answer(path: Path, tokenizer) -> None:
-    squad = data.load_squad(path, training=True)
-    checked, bad = _labelled_span_matches(squad.examples, tokenizer, data.WindowSpec(384, 128, 64))
+    squad = squad_json.load_squad(path, training=True)
+    checked, bad = _labelled_span_matches(squad.examples, tokenizer, WindowSpec(384, 128, 64))
     assert checked > 250
     assert len(bad) <= 0.005 * checked, "\n".join(bad)
 
@@ -45,8 +46,8 @@ def test_labelled_spans_decode_to_the_answer(path: Path, tokenizer) -> None:
 def test_sub_word_answers_are_covered_by_their_token_span(tokenizer) -> None:
     # The dev article has answers that are parts of words ("gold" in "golden", "8" in "18"):
     # no token span isolates them, but the labelled span must still contain the answer.
-    squad = data.load_squad(DEV_V1, training=True)
-    checked, bad = _labelled_span_matches(squad.examples, tokenizer, data.WindowSpec(384, 128, 64))
+    squad = squad_json.load_squad(DEV_V1, training=True)
+    checked, bad = _labelled_span_matches(squad.examples, tokenizer, WindowSpec(384, 128, 64))
     assert len(bad) <= 0.03 * checked, "\n".join(bad)
     for line in bad:
         labelled, answer = line.split(": ", 1)[1].split(" != ")
@@ -54,9 +55,9 @@ def test_sub_word_answers_are_covered_by_their_token_span(tokenizer) -> None:
 
 
 def test_short_windows_label_every_window_and_cls_elsewhere(tokenizer) -> None:
-    squad = data.load_squad(TRAIN_V1, training=True)
-    spec = data.WindowSpec(96, 24, 32)  # many windows per example
-    f = data.build_features(squad.examples, tokenizer, spec, labels=True, offsets=True)
+    squad = squad_json.load_squad(TRAIN_V1, training=True)
+    spec = WindowSpec(96, 24, 32)  # many windows per example
+    f = build_features(squad.examples, tokenizer, spec, labels=True, offsets=True)
     assert len(f) > 2 * len(squad.examples)
     checked, bad = _labelled_span_matches(squad.examples, tokenizer, spec)
     assert len(bad) <= 0.005 * checked, "\n".join(bad)
@@ -66,9 +67,9 @@ def test_short_windows_label_every_window_and_cls_elsewhere(tokenizer) -> None:
 
 
 def test_features_identical_to_the_standard_recipe(tokenizer) -> None:
-    squad = data.load_squad(TRAIN_V1, training=True)
-    for spec in (data.WindowSpec(384, 128, 64), data.WindowSpec(128, 32, 32)):
-        ours = data.build_features(squad.examples, tokenizer, spec, labels=True, offsets=False)
+    squad = squad_json.load_squad(TRAIN_V1, training=True)
+    for spec in (WindowSpec(384, 128, 64), WindowSpec(128, 32, 32)):
+        ours = build_features(squad.examples, tokenizer, spec, labels=True, offsets=False)
         assert compare(ours, standard_recipe(squad.examples, tokenizer, spec)) == []
     # In batches (as datasets.map runs it), the reference still numbers examples globally.
     assert compare(ours, standard_recipe(squad.examples, tokenizer, spec, batch_size=37)) == []
@@ -78,9 +79,9 @@ def test_long_question_long_context_and_non_ascii(tokenizer) -> None:
     context = ("Zürich’s café — “naïve” façade, 東京 and Ελλάδα. " * 60) + "The answer is Ödön."
     question = "Where " + "really " * 120 + "is it?"
     start = context.index("Ödön")
-    ex = data.Example("q1", question, context, [{"text": "Ödön", "answer_start": start}])
-    spec = data.WindowSpec(128, 48, 64)
-    f = data.build_features([ex], tokenizer, spec, labels=True, offsets=True)
+    ex = squad_json.Example("q1", question, context, [{"text": "Ödön", "answer_start": start}])
+    spec = WindowSpec(128, 48, 64)
+    f = build_features([ex], tokenizer, spec, labels=True, offsets=True)
     assert len(f) > 5 and (f.lengths <= 128).all()
     # The question is cut to max_query_length tokens: 1 [CLS] + 64 + 1 [SEP] before the context.
     assert (f.offsets[:, :66, 0] == -1).all() and (f.offsets[:, 66, 0] >= 0).all()
@@ -90,8 +91,8 @@ def test_long_question_long_context_and_non_ascii(tokenizer) -> None:
 
 
 def test_window_spec_rejects_a_stride_longer_than_the_window() -> None:
-    with pytest.raises(data.DataError, match="doc_stride"):
-        data.WindowSpec(100, 60, 64).check()
+    with pytest.raises(squad_sources.DataError, match="doc_stride"):
+        WindowSpec(100, 60, 64).check()
 
 
 BAD_FILES = {
@@ -127,8 +128,8 @@ def test_bad_files_get_a_clear_error(name: str, tmp_path: Path) -> None:
     raw, message = BAD_FILES[name]
     path = tmp_path / f"{name}.json"
     path.write_bytes(raw)
-    with pytest.raises(data.DataError, match=message) as err:
-        data.load_squad(path, training=False)
+    with pytest.raises(squad_sources.DataError, match=message) as err:
+        squad_json.load_squad(path, training=False)
     assert str(path) in str(err.value)
 
 
@@ -137,8 +138,8 @@ def test_bad_documents_name_the_place(name: str, tmp_path: Path) -> None:
     doc, message = BAD_DOCS[name]
     path = tmp_path / "bad.json"
     path.write_text(json.dumps(doc))
-    with pytest.raises(data.DataError, match=message) as err:
-        data.load_squad(path, training=False)
+    with pytest.raises(squad_sources.DataError, match=message) as err:
+        squad_json.load_squad(path, training=False)
     assert str(path) in str(err.value) and "article 0" in str(err.value)
 
 
@@ -146,38 +147,38 @@ def test_training_skips_and_reports_answers_not_in_the_context(tmp_path: Path) -
     moved = {**QA, "id": "b", "answers": [{"text": "Paris", "answer_start": 3}]}
     path = tmp_path / "t.json"
     path.write_text(json.dumps(_squad([QA, moved])))
-    train = data.load_squad(path, training=True)
+    train = squad_json.load_squad(path, training=True)
     assert [e.id for e in train.examples] == ["a"] and train.skipped == ["b"]
-    assert len(data.load_squad(path, training=False).examples) == 2  # evaluation keeps all
+    assert len(squad_json.load_squad(path, training=False).examples) == 2  # evaluation keeps all
 
 
 def test_versions_detected_and_missing_version_key_is_fine() -> None:
-    assert data.load_squad(TRAIN_V1, training=True).version == "1.1"  # no "version" key
-    v2 = data.load_squad(DEV_V2, training=False)
+    assert squad_json.load_squad(TRAIN_V1, training=True).version == "1.1"  # no "version" key
+    v2 = squad_json.load_squad(DEV_V2, training=False)
     assert v2.version == "2.0" and sum(e.is_impossible for e in v2.examples) == 702
 
 
 def test_cache_roundtrip_and_fingerprint(tokenizer, tiny_bert, tmp_path: Path) -> None:
-    squad = data.load_squad(TRAIN_V1, training=True)
-    spec = data.WindowSpec(128, 32, 32)
-    f1, state1 = data.prepare_features(squad, tokenizer, "m", spec, "train", tmp_path)
-    f2, state2 = data.prepare_features(squad, tokenizer, "m", spec, "train", tmp_path)
+    squad = squad_json.load_squad(TRAIN_V1, training=True)
+    spec = WindowSpec(128, 32, 32)
+    f1, state1 = feature_cache.prepare_features(squad, tokenizer, "m", spec, "train", tmp_path)
+    f2, state2 = feature_cache.prepare_features(squad, tokenizer, "m", spec, "train", tmp_path)
     assert (state1, state2) == ("built", "hit")
     assert isinstance(f2.input_ids, np.memmap)
     for name in ("input_ids", "lengths", "start_positions", "token_type_ids"):
         assert np.array_equal(getattr(f1, name), getattr(f2, name))
-    base = data.features_fingerprint(squad, "m", tokenizer, spec, "train")
-    other_file = data.load_squad(DEV_V1, training=True)
-    other_tok = data.load_tokenizer(str(tiny_bert))
+    base = feature_cache.features_fingerprint(squad, "m", tokenizer, spec, "train")
+    other_file = squad_json.load_squad(DEV_V1, training=True)
+    other_tok = load_tokenizer(str(tiny_bert))
     other_tok.add_tokens(["zzzqqq"])  # a different vocabulary
     variants = [
-        data.features_fingerprint(other_file, "m", tokenizer, spec, "train"),
-        data.features_fingerprint(squad, "other-name", tokenizer, spec, "train"),
-        data.features_fingerprint(squad, "m", other_tok, spec, "train"),
-        data.features_fingerprint(squad, "m", tokenizer, data.WindowSpec(128, 32, 16), "train"),
-        data.features_fingerprint(squad, "m", tokenizer, data.WindowSpec(256, 32, 32), "train"),
-        data.features_fingerprint(squad, "m", tokenizer, data.WindowSpec(128, 64, 32), "train"),
-        data.features_fingerprint(squad, "m", tokenizer, spec, "validation"),
+        feature_cache.features_fingerprint(other_file, "m", tokenizer, spec, "train"),
+        feature_cache.features_fingerprint(squad, "other-name", tokenizer, spec, "train"),
+        feature_cache.features_fingerprint(squad, "m", other_tok, spec, "train"),
+        feature_cache.features_fingerprint(squad, "m", tokenizer, WindowSpec(128, 32, 16), "train"),
+        feature_cache.features_fingerprint(squad, "m", tokenizer, WindowSpec(256, 32, 32), "train"),
+        feature_cache.features_fingerprint(squad, "m", tokenizer, WindowSpec(128, 64, 32), "train"),
+        feature_cache.features_fingerprint(squad, "m", tokenizer, spec, "validation"),
     ]
     assert base not in variants and len(set(variants)) == len(variants)
     assert not list(tmp_path.glob(".*")), "no temporary directories left behind"
@@ -205,23 +206,23 @@ def test_download_verifies_the_official_digest(http_dir, tmp_path: Path) -> None
     root, url = http_dir
     (root / "dev-v1.1.json").write_bytes(DEV_V1.read_bytes())  # not the full official file
     dest = tmp_path / "dl"
-    with pytest.raises(data.DataError, match="expected 95aa6a52"):
-        data.resolve_source(f"{url}/dev-v1.1.json", dest)
+    with pytest.raises(squad_sources.DataError, match="expected 95aa6a52"):
+        squad_sources.resolve_source(f"{url}/dev-v1.1.json", dest)
     assert not (dest / "dev-v1.1.json").exists() and not list(dest.glob(".dev*"))
     (root / "mine.json").write_bytes(DEV_V1.read_bytes())  # a name with no pinned digest
-    path = data.resolve_source(f"{url}/mine.json", dest)
+    path = squad_sources.resolve_source(f"{url}/mine.json", dest)
     assert path.read_bytes() == DEV_V1.read_bytes()
-    assert data.load_squad(f"{url}/mine.json", training=False, download_dir=dest).examples
+    assert squad_json.load_squad(f"{url}/mine.json", training=False, download_dir=dest).examples
 
 
 def test_offline_download_says_where_to_put_the_file(tmp_path: Path) -> None:
-    with pytest.raises(data.DataError, match="copy the file to .*train-v1.1.json"):
-        data.resolve_source("http://127.0.0.1:9/train-v1.1.json", tmp_path)
+    with pytest.raises(squad_sources.DataError, match="copy the file to .*train-v1.1.json"):
+        squad_sources.resolve_source("http://127.0.0.1:9/train-v1.1.json", tmp_path)
 
 
 def test_missing_local_file(tmp_path: Path) -> None:
-    with pytest.raises(data.DataError, match="no such file"):
-        data.resolve_source(tmp_path / "nope.json")
+    with pytest.raises(squad_sources.DataError, match="no such file"):
+        squad_sources.resolve_source(tmp_path / "nope.json")
 
 
 def test_cli_prints_json_last_and_fails_cleanly(tiny_bert, tmp_path: Path, capsys) -> None:
@@ -254,9 +255,9 @@ def test_cli_prints_json_last_and_fails_cleanly(tiny_bert, tmp_path: Path, capsy
 
 @pytest.mark.parametrize("damage", ["truncate", "drop_file", "shape_mismatch"])
 def test_damaged_cache_is_detected_and_rebuilt(damage: str, tokenizer, tmp_path: Path, caplog) -> None:
-    squad = data.load_squad(TRAIN_V1, training=True)
-    spec = data.WindowSpec(128, 32, 32)
-    mapped, _ = data.prepare_features(squad, tokenizer, "m", spec, "train", tmp_path)
+    squad = squad_json.load_squad(TRAIN_V1, training=True)
+    spec = WindowSpec(128, 32, 32)
+    mapped, _ = feature_cache.prepare_features(squad, tokenizer, "m", spec, "train", tmp_path)
     good = np.array(mapped.input_ids)  # a copy: the map itself dies with the file's bytes
     del mapped
     (directory,) = [p for p in tmp_path.iterdir() if p.is_dir()]
@@ -267,19 +268,19 @@ def test_damaged_cache_is_detected_and_rebuilt(damage: str, tokenizer, tmp_path:
         array.unlink()
     else:  # an array from another build
         np.save(array, np.zeros((3, 5), dtype=np.int32))
-    assert data.cache_damage(directory) is not None
+    assert feature_cache.cache_damage(directory) is not None
     with caplog.at_level("WARNING", logger="squad"):
-        again, state = data.prepare_features(squad, tokenizer, "m", spec, "train", tmp_path)
+        again, state = feature_cache.prepare_features(squad, tokenizer, "m", spec, "train", tmp_path)
     assert state == "rebuilt" and str(directory) in caplog.text
     assert np.array_equal(again.input_ids, good)
-    assert data.cache_damage(directory) is None
+    assert feature_cache.cache_damage(directory) is None
     assert [p for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no debris left
 
 
 def test_data_cli_rebuilds_a_truncated_cache(tmp_path: Path) -> None:
     from conftest import run_cli
 
-    args = ["data.py", "--squad", str(TRAIN_V1), "--tokenizer", data.EMBEDDED_MODEL, "--split", "train"]
+    args = ["data.py", "--squad", str(TRAIN_V1), "--tokenizer", EMBEDDED_MODEL, "--split", "train"]
     args += ["--cache-dir", str(tmp_path)]
     assert run_cli(args)["cache"] == "built"
     (directory,) = [p for p in tmp_path.iterdir() if p.is_dir()]

@@ -1,4 +1,4 @@
-"""modeling.training_flops (MFU's numerator in bench/throughput.py) against torch's own count of
+"""flops.training_flops (MFU's numerator in bench/throughput.py) against torch's own count of
 the matrix multiplications in a real BERT training step."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-import modeling
+from extractive_qa import flops
 
 
 @pytest.mark.parametrize("width", [64, 256])
@@ -27,9 +27,9 @@ def test_training_flops_match_torchs_count_of_a_bert_step(width: int) -> None:
                     end_positions=torch.ones(batch, dtype=torch.long))  # fmt: skip
         out.loss.backward()
     counted = counter.get_total_flops()
-    formula = modeling.training_flops(model, batch, width)
+    formula = flops.training_flops(model, batch, width)
     # The formula also counts 6 FLOPs per bias / LayerNorm parameter per token, which torch's
     # counter (matrix products only) leaves out: ~1 % at this size, less for real models.
     assert formula == pytest.approx(counted, rel=0.03)
     # The attention term is what makes long windows dearer per token.
-    assert modeling.training_flops(model, 1, 2 * width) > 2 * modeling.training_flops(model, 1, width)
+    assert flops.training_flops(model, 1, 2 * width) > 2 * flops.training_flops(model, 1, width)

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from conftest import DEV_V1, DEV_V2, ROOT, last_json
 
-import data
-import squad_metric as m
+from extractive_qa import squad_json
+from extractive_qa import squad_metric as m
 
 
 @pytest.mark.parametrize(
@@ -44,8 +44,8 @@ def test_empty_answer_rules_differ_by_version() -> None:
     assert m.f1_score("", "the", "1.1") == 0.0  # v1.1 has no such rule
 
 
-def _ex(qid: str, answers: list[str]) -> data.Example:
-    return data.Example(qid, "q", "ctx", [{"text": t, "answer_start": 0} for t in answers], not answers)
+def _ex(qid: str, answers: list[str]) -> squad_json.Example:
+    return squad_json.Example(qid, "q", "ctx", [{"text": t, "answer_start": 0} for t in answers], not answers)
 
 
 def test_v1_max_over_references_and_missing_prediction() -> None:
@@ -66,16 +66,17 @@ def test_v2_breakdown() -> None:
 
 @pytest.mark.parametrize("path, version", [(DEV_V1, "1.1"), (DEV_V2, "2.0")])
 def test_cli_round_trip(path: Path, version: str, tmp_path: Path) -> None:
-    squad = data.load_squad(path, training=False)
+    squad = squad_json.load_squad(path, training=False)
     # Perfect predictions score 100; dropping every other one halves v1.1 EM.
     perfect = {e.id: (e.answers[0]["text"] if e.answers else "") for e in squad.examples}
     preds = tmp_path / "p.json"
     preds.write_text(json.dumps(perfect))
     out = subprocess.run(
-        [sys.executable, str(ROOT / "squad_metric.py"), str(path), str(preds)],
+        [sys.executable, "-m", "extractive_qa.squad_metric", str(path), str(preds)],
         capture_output=True,
         text=True,
         check=True,
+        cwd=ROOT,
     )
     result = last_json(out.stdout)
     key = "exact_match" if version == "1.1" else "exact"
@@ -90,7 +91,7 @@ def test_cli_bad_predictions(tmp_path: Path) -> None:
     preds = tmp_path / "p.json"
     preds.write_text("[1, 2]")
     out = subprocess.run(
-        [sys.executable, str(ROOT / "squad_metric.py"), str(DEV_V1), str(preds)],
+        [sys.executable, "-m", "extractive_qa.squad_metric", str(DEV_V1), str(preds)],
         capture_output=True,
         text=True,
     )

@@ -1,5 +1,5 @@
-"""Two machines in one box: a 2-container allocation over a shaped link (tests/det_netns.py),
-each container started as a 0.38.1 agent starts it (tests/det_cluster.py)."""
+"""Two machines in one box: a 2-container allocation over a shaped link (tests/support/det_netns.py),
+each container started as a 0.38.1 agent starts it (tests/support/det_cluster.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from test_cluster import assert_equals_one_process_evaluation, assert_same, final, shaped_like
 
-det_cluster = pytest.importorskip("det_cluster")
-det_netns = pytest.importorskip("det_netns")
+from tests.support import det_cluster, det_netns
+
 WHY_NOT = det_cluster.supported() or det_netns.supported()
 pytestmark = pytest.mark.skipif(WHY_NOT is not None, reason=f"two emulated machines: {WHY_NOT}")
 TIMEOUT_S = 8  # SQUAD_COLLECTIVE_TIMEOUT_S for these runs

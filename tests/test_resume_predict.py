@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from conftest import DEV_V1, ROOT, last_json, run_cli, run_train, tiny_config, write_yaml
 
+from extractive_qa import callbacks, squad_json
+
 
 def _checkpoints(root: Path) -> dict[int, Path]:
     out = {}
@@ -49,7 +51,7 @@ def test_resume_mid_epoch_with_aggregation_equals_uninterrupted(tiny_bert: Path,
 
 
 def _torchrun_train(conf_path: Path, checkpoint_dir: Path, *extra: str) -> dict:
-    import scaling_runs
+    from extractive_qa import scaling_runs
 
     program = [str(ROOT / "train.py"), "--config", str(conf_path), "--checkpoint-dir", str(checkpoint_dir)]
     cmd, env = scaling_runs.torchrun(2, [*program, *extra])
@@ -103,9 +105,10 @@ def test_predict_runs_without_determined(trained) -> None:
     argv = ["--checkpoint", str(ckpt), "--question", "Who won?", "--context", "Denver won the title."]
     program = (
         "import sys; sys.modules['determined'] = None; "  # any `import determined` now raises
-        f"sys.path.insert(0, {str(ROOT)!r}); import predict; sys.exit(predict.main({argv!r}))"
+        f"import predict; sys.exit(predict.main({argv!r}))"
     )
-    out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=300)
+    cmd = [sys.executable, "-c", program]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert last_json(out.stdout)["answer"]
 
@@ -125,14 +128,13 @@ def test_batch_predictions_score_equal_to_the_trials_validation(trained, tmp_pat
     ckpt, result = trained
     preds = tmp_path / "p.json"
     run_cli(["predict.py", "--checkpoint", str(ckpt / "hf"), "--squad", str(DEV_V1), "--out", str(preds)])
-    metrics = run_cli(["squad_metric.py", str(DEV_V1), str(preds)])
+    metrics = run_cli(["-m", "extractive_qa.squad_metric", str(DEV_V1), str(preds)])
     assert metrics["exact_match"] == result["exact_match"] and metrics["f1"] == result["f1"]
 
 
 def test_bf16_predictions_score_equal_to_the_trials_validation(tiny_bert: Path, tmp_path: Path) -> None:
     """A bf16 run evaluates under bf16 autocast; predict.py computes the same way (from
     qa_settings.json), so its EM/F1 are the trial's. In fp32 they were not (F1 5.55 vs 5.79)."""
-    import data
     import predict
 
     conf = tiny_config(tiny_bert, tmp_path)
@@ -146,10 +148,10 @@ def test_bf16_predictions_score_equal_to_the_trials_validation(tiny_bert: Path, 
     assert json.loads((hf / "qa_settings.json").read_text())["precision"] == "bf16"
     preds = tmp_path / "p.json"
     run_cli(["predict.py", "--checkpoint", str(hf), "--squad", str(DEV_V1), "--out", str(preds)])
-    metrics = run_cli(["squad_metric.py", str(DEV_V1), str(preds)])
+    metrics = run_cli(["-m", "extractive_qa.squad_metric", str(DEV_V1), str(preds)])
     assert metrics["exact_match"] == result["exact_match"] and metrics["f1"] == result["f1"]
     # The precision is what makes the difference: fp32 logits of the same weights differ.
-    examples = data.load_squad(DEV_V1, training=False).examples[:20]
+    examples = squad_json.load_squad(DEV_V1, training=False).examples[:20]
     logits = {}
     for precision in ("bf16", "fp32"):
         predictor = predict.Predictor(str(hf), "cpu", precision=precision)
@@ -219,7 +221,6 @@ def test_run_log_counts_steps_before_the_first_batch() -> None:
     run whose final validation is pending) reports where the run starts, not a batch index."""
     from determined import errors
 
-    import model_def
 
     class Context:
         def current_train_batch(self) -> int:
@@ -229,8 +230,8 @@ def test_run_log_counts_steps_before_the_first_batch() -> None:
         context = Context()
 
     Trial.context._current_batch_idx = None  # what Determined's context holds before a batch
-    log = model_def.RunLog(Trial())  # type: ignore[arg-type]
-    series = model_def.MetricSeries(log)
+    log = callbacks.RunLog(Trial())  # type: ignore[arg-type]
+    series = callbacks.MetricSeries(log)
     log.on_trial_startup(12, "some-uuid")
     log.on_validation_end({"f1": 1.0})
     series.on_validation_end({"f1": 1.0})

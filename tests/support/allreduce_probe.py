@@ -1,6 +1,6 @@
 """Count and time the gradient all-reduces of the real trial over 2 local processes.
 
-    python3 tests/allreduce_probe.py --config X.yaml --batches N --out RAW.json [--set K=V ...]
+    python3 -m tests.support.allreduce_probe --config X.yaml --batches N --out RAW.json [--set K=V ...]
 
 runs as one torchrun rank: train.py's `run` (Determined's local Trainer, gloo) with the trial
 instrumented, not changed -- a DDP communication hook wraps the default all-reduce to count
@@ -14,13 +14,11 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[2]
 
 WORLD = 2
 
@@ -76,10 +74,11 @@ def record(args: argparse.Namespace) -> None:
 def launch(config: Path | str, frequency: int, batches: int, sets: list[str], tmp: Path) -> dict[str, Any]:
     """Two ranks at `optimizations.aggregation_frequency=frequency`; their raw record. A failed
     run raises RuntimeError with the ranks' stderr."""
-    import scaling_runs
+    from extractive_qa import scaling_runs
 
     out = tmp / f"agg{frequency}.json"
-    program = [__file__, "--config", str(config), "--batches", str(batches), "--out", str(out)]
+    program = ["-m", "tests.support.allreduce_probe", "--config", str(config)]
+    program += ["--batches", str(batches), "--out", str(out)]
     program += ["--checkpoint-dir", str(tmp / f"ckpt{frequency}")]
     for item in [f"optimizations.aggregation_frequency={frequency}", *sets]:
         program += ["--set", item]

@@ -18,9 +18,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import config
-import det_internals
-from scaling_types import ROOT, STUDY_LABEL, RunInputs, ScalingError, Variant
+from extractive_qa import config_loading, det_internals, master_mirror
+from extractive_qa.scaling_types import ROOT, STUDY_LABEL, RunInputs, ScalingError, Variant
+from extractive_qa.settings import Hyperparameters
 
 # --------------------------------------------------------------------------------------------
 # Determined's SDK: kept thin (tested with recorded objects).
@@ -46,9 +46,9 @@ def runs_from_sdk(sdk: Any, study: str) -> list[RunInputs]:
     runs = []
     for exp in sdk.list_experiments(labels=[f"study={study}"]):
         conf = exp.config or {}
-        hp, defaults = config.local_hparams(conf), config.Hyperparameters()
+        hp, defaults = config_loading.local_hparams(conf), Hyperparameters()
         common = dict(
-            slots=config.slots_of(conf),
+            slots=master_mirror.slots_of(conf),
             global_batch_size=int(hp.get("global_batch_size", defaults.global_batch_size)),
             aggregation=int((conf.get("optimizations") or {}).get("aggregation_frequency", 1)),
             optimizer=str(hp.get("optimizer", defaults.optimizer)),
@@ -135,7 +135,7 @@ def run_local(series: Sequence[Variant], batches: int, out: Path) -> list[RunInp
 
 
 def from_series(name: str, series: dict[str, Any], **common: Any) -> RunInputs:
-    """A run from what train.py --metrics-out wrote (model_def.MetricSeries: the master's shape)."""
+    """A run from what train.py --metrics-out wrote (callbacks.MetricSeries: the master's shape)."""
     training, validation = series["training"], series["validation"]
     return RunInputs(
         name,
@@ -152,7 +152,7 @@ def torchrun(nproc: int, program: Sequence[str], **env: str) -> tuple[list[str],
 
     --standalone: a local rendezvous on a port the OS picks (no fixed ports). The environment
     drops USE_TORCH_DISTRIBUTED, Determined's switch for torch DDP, which its launcher
-    (determined/launch/torch_distributed.py:81) and train.join_process_group set in their own
+    (determined/launch/torch_distributed.py:81) and local_launch.join_process_group set in their own
     process: inherited from a caller that ran a trial in-process (a test, a benchmark), it
     would make every one of the new ranks expect a process group the launch has not made yet.
     `env` adds or overrides variables.

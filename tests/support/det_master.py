@@ -4,7 +4,7 @@ Not product code. It serves the model definition as `det experiment create` uplo
 (context_files), answers only the calls the harness and Determined's SDK make, parses every
 request body with Determined's generated API types (a malformed or unknown call is recorded in
 `Master.errors` and fails the test), records metrics, profiler samples and checkpoints, and can
-preempt a trial or mark it stopped by the searcher. tests/det_cluster.py starts the containers
+preempt a trial or mark it stopped by the searcher. tests/support/det_cluster.py starts the containers
 that talk to it.
 """
 
@@ -29,7 +29,9 @@ from urllib.parse import parse_qs, urlparse
 
 from determined.common.api import bindings
 
-ROOT = Path(__file__).resolve().parents[1]
+from extractive_qa import config_loading
+
+ROOT = Path(__file__).resolve().parents[2]
 TASK_ID = "1.trial-1"
 
 
@@ -187,7 +189,7 @@ class Master:
         if netns is None:
             self.server = ThreadingHTTPServer((host, 0), Handler)
         else:  # the listening socket lives in that namespace, whichever thread serves it
-            import det_netns
+            from . import det_netns
 
             self.server = det_netns.call_in(netns, lambda: ThreadingHTTPServer((host, 0), Handler))
         self.server.daemon_threads = True
@@ -364,11 +366,10 @@ class Master:
         )
 
     def _trial(self, e: ExperimentRecord) -> bindings.trialv1Trial:
-        import config
 
         return bindings.trialv1Trial(
             experimentId=e.id,
-            hparams=config.local_hparams(e.config),
+            hparams=config_loading.local_hparams(e.config),
             id=e.trial_id,
             restarts=0,
             startTime="2026-11-23T00:00:00Z",

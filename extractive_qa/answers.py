@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from features import Features
-from squad_json import Example
+from extractive_qa.features import Features
+from extractive_qa.squad_json import Example
 
 # --------------------------------------------------------------------------------------------
 # Answer extraction: logits of every window -> one answer per example.

@@ -1,7 +1,7 @@
-"""Reference answer extraction the tests compare data.extract_answers against (benchmarks time it).
+"""Reference answer extraction the tests compare answers.extract_answers against (benchmarks time it).
 
 `loop_extract`: the per-pair loop over context-only candidates -- the same rule as
-data.extract_answers, written the slow, obvious way. `standard_postprocess`: the recipe of the
+answers.extract_answers, written the slow, obvious way. `standard_postprocess`: the recipe of the
 transformers QA examples, as users run it -- per example, per window, the n_best highest start
 and end logits (not masked: candidates outside the context are skipped in the pair loop), every
 valid pair kept with its offsets, the n_best best per example softmaxed, the best taken.
@@ -13,12 +13,13 @@ from pathlib import Path
 
 import numpy as np
 
-import data
+from extractive_qa import squad_json
+from extractive_qa.features import EMBEDDED_MODEL, Features, WindowSpec, build_features, load_tokenizer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
-def windows_by_example(features: data.Features) -> dict[int, list[int]]:
+def windows_by_example(features: Features) -> dict[int, list[int]]:
     """Example index -> its window rows, in feature order."""
     by_example: dict[int, list[int]] = {}
     for row, e in enumerate(features.example_index):
@@ -50,15 +51,15 @@ def loop_extract(examples, features, start_logits, end_logits, n_best=20, max_an
 
 
 def setup(n_examples: int, seed: int = 0):
-    squad = data.load_squad(ROOT / "squad_data/dev-v1.1-excerpt.json", training=False)
-    tokenizer = data.load_tokenizer(data.EMBEDDED_MODEL)
+    squad = squad_json.load_squad(ROOT / "squad_data/dev-v1.1-excerpt.json", training=False)
+    tokenizer = load_tokenizer(EMBEDDED_MODEL)
     copies = -(-n_examples // len(squad.examples))
     examples = [
-        data.Example(f"{ex.id}-{c}", ex.question, ex.context, ex.answers)
+        squad_json.Example(f"{ex.id}-{c}", ex.question, ex.context, ex.answers)
         for c in range(copies)
         for ex in squad.examples
     ][:n_examples]
-    features = data.build_features(examples, tokenizer, data.WindowSpec(), labels=False, offsets=True)
+    features = build_features(examples, tokenizer, WindowSpec(), labels=False, offsets=True)
     rng = np.random.default_rng(seed)
     shape = features.input_ids.shape
     return (
@@ -69,7 +70,7 @@ def setup(n_examples: int, seed: int = 0):
     )
 
 
-def trained_shaped(features: data.Features, logits: np.ndarray) -> np.ndarray:
+def trained_shaped(features: Features, logits: np.ndarray) -> np.ndarray:
     """Logits shaped like a trained model's: question, special and padding tokens pushed down."""
     in_context = np.asarray(features.offsets)[:, :, 0] >= 0
     return np.where(in_context, logits, logits - 10.0).astype(np.float32)

@@ -12,11 +12,12 @@ from typing import Any
 
 import numpy as np
 
-import data
+from extractive_qa import squad_json
+from extractive_qa.features import Features, WindowSpec
 
 
 def standard_recipe(
-    examples: Sequence[data.Example], tokenizer: Any, spec: data.WindowSpec, batch_size: int = 1000
+    examples: Sequence[squad_json.Example], tokenizer: Any, spec: WindowSpec, batch_size: int = 1000
 ) -> dict[str, np.ndarray]:
     """The usual way, in batches of `batch_size` examples as `datasets.map(batched=True)` runs it."""
     parts = [
@@ -30,7 +31,7 @@ def standard_recipe(
 
 
 def _standard_batch(
-    examples: Sequence[data.Example], tokenizer: Any, spec: data.WindowSpec
+    examples: Sequence[squad_json.Example], tokenizer: Any, spec: WindowSpec
 ) -> dict[str, np.ndarray]:
     """One batch: tokenize every (question, context) pair with overflow, label in Python."""
     # The recipe does not truncate questions; on SQuAD none exceeds max_query_length (64), so
@@ -88,7 +89,7 @@ def _standard_batch(
     return out
 
 
-def compare(ours: data.Features, standard: dict[str, np.ndarray]) -> list[str]:
+def compare(ours: Features, standard: dict[str, np.ndarray]) -> list[str]:
     """Names of the arrays that differ (empty = identical features)."""
     diff = []
     for name, ref in standard.items():

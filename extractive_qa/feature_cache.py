@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from features import Features, WindowSpec, build_features, tokenizer_fingerprint
-from squad_json import SquadSet
-from squad_sources import file_lock
+from extractive_qa.features import Features, WindowSpec, build_features, tokenizer_fingerprint
+from extractive_qa.squad_json import SquadSet
+from extractive_qa.squad_sources import file_lock
 
 logger = logging.getLogger("squad")
 

@@ -1,30 +1,25 @@
-"""Batches and model I/O shared by the trial, evaluation, predict.py and the benchmarks.
-
-Torch, NumPy and transformers only -- no Determined -- so answering questions from a checkpoint
-needs nothing of the training framework. One home each for: resumable training batches
-(random, width-bucketed or sorted; dynamic padding), the evaluation batching that makes
-predict.py's logits equal the trial's, what a model's forward accepts, reassembling distributed
-logits, precision -> autocast dtype, CUDA math settings, and the QA settings saved beside every
-checkpoint's hf/.
+"""Training and evaluation batches: resumable random, width-bucketed or sorted batches with
+dynamic padding, the evaluation batching that makes predict.py's logits equal the trial's, what
+a model's forward accepts, and reassembling distributed logits.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
-import json
 import math
 from collections.abc import Iterator, Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-import data
+from extractive_qa.features import Features
 
 if TYPE_CHECKING:
-    import config
+    pass
+
+
+
 
 # --------------------------------------------------------------------------------------------
 # Batches: random, width-bucketed (few padded widths) or sorted; resumable.
@@ -51,8 +46,8 @@ class FeatureBatchSampler(torch.utils.data.Sampler):
         ranks: int = 1,
         bucket_width: int = 64,
     ) -> None:
-        if batching not in ("padded", "random", "buckets", "sorted"):  # config.BATCHINGS
-            raise ValueError(f"batching {batching!r}: see config.BATCHINGS")
+        if batching not in ("padded", "random", "buckets", "sorted"):  # settings.BATCHINGS
+            raise ValueError(f"batching {batching!r}: see settings.BATCHINGS")
         self.lengths = np.asarray(lengths)
         self.batch_size = batch_size
         self.shuffle = shuffle
@@ -129,7 +124,7 @@ class FeatureDataset(torch.utils.data.Dataset):
 class Collator:
     """Pad a batch to its longest window (rounded up to a multiple), or to max length."""
 
-    def __init__(self, features: data.Features, dynamic: bool, multiple: int, labels: bool) -> None:
+    def __init__(self, features: Features, dynamic: bool, multiple: int, labels: bool) -> None:
         self.f = features
         self.dynamic = dynamic
         self.multiple = max(1, multiple)
@@ -160,7 +155,7 @@ class Collator:
 
 
 def training_batches(
-    features: data.Features, batch_size: int, *, batching: str, multiple: int, seed: int, ranks: int = 1
+    features: Features, batch_size: int, *, batching: str, multiple: int, seed: int, ranks: int = 1
 ) -> tuple[FeatureBatchSampler, Collator]:
     """How training batches windows (the trial and the benchmarks): `multiple` rounds each batch's
     width up and is the bucket width; `padded` pads every window to max_seq_length."""
@@ -181,7 +176,7 @@ def model_inputs(batch: dict[str, torch.Tensor], accepted: frozenset[str]) -> di
 
 
 def evaluation_batches(
-    features: data.Features, batch_size: int, pad_to_multiple_of: int
+    features: Features, batch_size: int, pad_to_multiple_of: int
 ) -> tuple[FeatureBatchSampler, Collator]:
     """How evaluation batches windows; predict.py uses the same, so its logits equal the trial's."""
     sampler = FeatureBatchSampler(features.lengths, batch_size, shuffle=False, batching="sorted", seed=0)
@@ -189,7 +184,7 @@ def evaluation_batches(
 
 
 def assemble_logits(
-    parts: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], features: data.Features
+    parts: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], features: Features
 ) -> tuple[np.ndarray, np.ndarray]:
     """[F, L] start/end logits in feature order from (index, start, end) batch parts."""
     F, L = features.input_ids.shape
@@ -208,132 +203,3 @@ def assemble_logits(
     return start, end
 
 
-# --------------------------------------------------------------------------------------------
-# Precision and CUDA math.
-# --------------------------------------------------------------------------------------------
-
-AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}  # fp32: no autocast
-
-
-def autocast(device_type: str, precision: str) -> torch.autocast:
-    """The forward pass's mixed precision: training, evaluation and predict.py use this one."""
-    dtype = AUTOCAST_DTYPES.get(precision)
-    return torch.autocast(device_type, dtype=dtype, enabled=dtype is not None)
-
-
-def configure_cuda_math(tf32: bool) -> None:
-    """Process-wide CUDA kernel choices for training (measured on an H100: docs/gpu.md)."""
-    # TF32 tensor-core matmuls for fp32 weights and activations: 2.6x the fp32 rate on an H100.
-    torch.backends.cuda.matmul.allow_tf32 = tf32
-    torch.backends.cudnn.allow_tf32 = tf32
-    # cuDNN's fused attention (picked first for bf16/fp16) builds a graph for every new sequence
-    # width; dynamic padding makes up to max_seq_length / pad_to_multiple_of widths, each costing
-    # ~0.5 s the first time (bf16 ran at 106 seq/s vs 1318 with it off). The flash and
-    # memory-efficient kernels need no per-shape plan and are as fast once warm.
-    torch.backends.cuda.enable_cudnn_sdp(False)
-
-
-def training_flops(model: torch.nn.Module, batch: int, width: int) -> float:
-    """Model FLOPs of one training step (forward + backward) on `batch` windows of `width` tokens.
-
-    6 x (non-embedding parameters) per token -- 2 for the forward multiply-adds, 4 for the
-    backward's two (Kaplan et al. 2020, "Scaling Laws", section 2.1) -- plus attention's scores
-    and weighted sum, 2 x 2 x hidden x width per token and layer forward, x 3 with the backward:
-    12 x layers x hidden x width (Chowdhery et al. 2022, PaLM, appendix B). Padding tokens count:
-    they are computed. Embedding lookups are gathers, not FLOPs. MFU = this / time / peak.
-    """
-    cfg = unwrap(model).config
-    params = sum(p.numel() for n, p in unwrap(model).named_parameters() if "embeddings" not in n)
-    tokens = batch * width
-    return tokens * (6.0 * params + 12.0 * cfg.num_hidden_layers * cfg.hidden_size * width)
-
-
-def unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The Hugging Face model under torch.compile's and DDP's wrappers."""
-    model = getattr(model, "_orig_mod", model)  # torch.compile
-    return getattr(model, "module", model)  # DDP
-
-
-# --------------------------------------------------------------------------------------------
-# QA settings: what predict.py needs to window and extract exactly as evaluation did.
-# --------------------------------------------------------------------------------------------
-
-QA_SETTINGS = "qa_settings.json"
-
-
-@dataclasses.dataclass(frozen=True)
-class QASettings:
-    """Written next to hf/ in every checkpoint; read by predict.py."""
-
-    squad_version: str
-    max_seq_length: int
-    doc_stride: int
-    max_query_length: int
-    n_best_size: int
-    max_answer_length: int
-    null_score_diff_threshold: float
-    pretrained_model: str
-    eval_batch_size: int  # predict.py batches like evaluation did, so its EM/F1 match exactly
-    pad_to_multiple_of: int
-    # The arithmetic evaluation ran with. Defaults: what exports written before these fields
-    # existed ran with (fp32 on CPU; TF32 is on by default on CUDA).
-    precision: str = "fp32"
-    tf32: bool = True
-
-    @classmethod
-    def from_run(
-        cls, settings: config.DataSettings, hp: config.Hyperparameters, eval_batch_size: int
-    ) -> QASettings:
-        """From a run's typed data settings and hyperparameters (config.run_plan's output)."""
-        fields = {f.name for f in dataclasses.fields(cls)}
-        values = {
-            **dataclasses.asdict(hp),
-            **dataclasses.asdict(settings),
-            "eval_batch_size": eval_batch_size,
-        }
-        return cls(**{k: v for k, v in values.items() if k in fields})
-
-    @property
-    def window_spec(self) -> data.WindowSpec:
-        return data.WindowSpec(self.max_seq_length, self.doc_stride, self.max_query_length)
-
-    def extract_answers(
-        self, examples: Sequence[data.Example], features: data.Features, start: np.ndarray, end: np.ndarray
-    ) -> data.Answers:
-        """Answers from window logits with these settings: the trial's evaluation and predict.py."""
-        return data.extract_answers(
-            examples,
-            features,
-            start,
-            end,
-            n_best=self.n_best_size,
-            max_answer_length=self.max_answer_length,
-            version_2=self.squad_version == "2.0",
-            null_score_diff_threshold=self.null_score_diff_threshold,
-        )
-
-    def save(self, hf_dir: Path) -> None:
-        data.write_text_atomic(hf_dir / QA_SETTINGS, json.dumps(dataclasses.asdict(self), indent=1))
-
-    @classmethod
-    def load(cls, hf_dir: Path) -> QASettings:
-        path = hf_dir / QA_SETTINGS
-        try:
-            raw = json.loads(path.read_text())
-        except (OSError, ValueError) as err:
-            raise data.DataError(f"{path}: cannot read QA settings ({err}).") from None
-        fields = dataclasses.fields(cls)
-        required = {f.name for f in fields if f.default is dataclasses.MISSING}
-        missing = sorted(required - set(raw))
-        if missing:
-            raise data.DataError(f"{path}: missing {', '.join(missing)}; re-export the checkpoint.")
-        return cls(**{f.name: raw[f.name] for f in fields if f.name in raw})
-
-
-def export_hf(model: torch.nn.Module, tokenizer: Any, settings: QASettings, checkpoint_dir: Path) -> Path:
-    """checkpoint_dir/hf: save_pretrained model + tokenizer + QA settings, loadable anywhere."""
-    hf = checkpoint_dir / "hf"
-    unwrap(model).save_pretrained(hf, safe_serialization=True)
-    tokenizer.save_pretrained(hf)
-    settings.save(hf)
-    return hf

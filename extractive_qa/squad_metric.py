@@ -5,12 +5,13 @@ collapsed); EM and F1 take the best over the reference answers. v2.0: an unanswe
 only reference is "" and it scores 1 only for an empty prediction.
 
 CLI, a drop-in for the official scripts:
-    python3 squad_metric.py DATA.json PREDICTIONS.json
+    python3 -m extractive_qa.squad_metric DATA.json PREDICTIONS.json
 prints one JSON object (v1.1: exact_match, f1; v2.0: exact, f1, total, HasAns_*, NoAns_*).
 """
 
 from __future__ import annotations
 
+import argparse
 import collections
 import json
 import re
@@ -18,7 +19,8 @@ import string
 import sys
 from collections.abc import Iterable, Mapping
 
-from data import DataError, Example, load_squad
+from extractive_qa.squad_json import Example, load_squad
+from extractive_qa.squad_sources import DataError
 
 _PUNCTUATION = set(string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b", re.UNICODE)
@@ -96,11 +98,14 @@ def score(examples: Iterable[Example], predictions: Mapping[str, str], version: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 2 or args[0].startswith("-"):
-        print("usage: python3 squad_metric.py DATA.json PREDICTIONS.json", file=sys.stderr)
-        return 2
-    data_file, pred_file = args
+    parser = argparse.ArgumentParser(
+        prog="python3 -m extractive_qa.squad_metric",
+        description="EM/F1 of a predictions file, as the official SQuAD v1.1 / v2.0 scripts score it.",
+    )
+    parser.add_argument("data_file", help="SQuAD JSON (v1.1 or v2.0)")
+    parser.add_argument("pred_file", help="JSON object: question id -> answer text")
+    args = parser.parse_args(argv)
+    data_file, pred_file = args.data_file, args.pred_file
     try:
         squad = load_squad(data_file, training=False)
         try:

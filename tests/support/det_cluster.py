@@ -12,9 +12,9 @@ with a tmpfs at /run/determined and the checkpoint storage bind-mounted at
     python3 -m determined.exec.prep_container --rendezvous
     exec python3 -m determined.exec.launch          # runs the YAML's entrypoint
 
-against the stand-in master of tests/det_master.py, which serves the context as `det experiment
+against the stand-in master of tests/support/det_master.py, which serves the context as `det experiment
 create` builds it. Like the master, `Cluster` starts a preempted trial again and restarts a failed
-one from its latest checkpoint, as `max_restarts` does. `python3 tests/det_cluster.py local.yaml`
+one from its latest checkpoint, as `max_restarts` does. `python3 -m tests.support.det_cluster local.yaml`
 runs a whole YAML.
 """
 
@@ -35,8 +35,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from det_master import ROOT, TASK_ID, Allocation, Master
 from determined.common.api import bindings
+
+from extractive_qa import config_loading, master_mirror
+from extractive_qa.settings import ConfigError
+
+from .det_master import ROOT, TASK_ID, Allocation, Master
 
 SHARED_FS = Path("/determined_shared_fs")  # determined.constants.SHARED_FS_CONTAINER_PATH
 RUN_DIR = Path("/run/determined")
@@ -96,7 +100,7 @@ class Cluster:
         machines: list[tuple[str, str]] | None = None,
     ):
         self.master = master
-        # (network namespace, address) per container rank: separate hosts (tests/det_netns.py);
+        # (network namespace, address) per container rank: separate hosts (tests/support/det_netns.py);
         # None: every container on this host's loopback.
         self.machines = machines
         self.storage = storage  # shared_fs host_path
@@ -111,8 +115,6 @@ class Cluster:
         schemas through ../shared/tools/expconf_defaults.py where present), shared_fs storage."""
         import yaml
 
-        import config
-
         if EXPCONF_DEFAULTS.is_file():
             path = self.workdir / f"exp-{uuid.uuid4().hex[:8]}.yaml"
             path.write_text(yaml.safe_dump(conf))
@@ -123,7 +125,7 @@ class Cluster:
                 check=True,
             )
             return json.loads(out.stdout)
-        conf = config.with_master_defaults(conf)
+        conf = master_mirror.with_master_defaults(conf)
         conf["checkpoint_storage"] = {
             "type": "shared_fs",
             "host_path": str(self.storage),
@@ -349,7 +351,7 @@ def rank_pids(alloc: Allocation, rank: int) -> list[int]:
 
 @contextlib.contextmanager
 def emulated_cluster(tmp: Path, env: dict[str, str] | None = None, network: Any = None) -> Iterator[Cluster]:
-    """A stand-in master and its agents; with `network` (tests/det_netns.py) each container runs
+    """A stand-in master and its agents; with `network` (tests/support/det_netns.py) each container runs
     on its own host and the master listens on a host of its own."""
     if network is None:
         master = Master()
@@ -367,13 +369,10 @@ def main() -> int:
     """One shipped YAML on the emulated cluster, whole, from the repo's upload; prints the last
     validation as the master recorded it (JSON). What a test cannot afford: a full-length run.
 
-        python3 tests/det_cluster.py local.yaml --threads 2
+        python3 -m tests.support.det_cluster local.yaml --threads 2
     """
     import argparse
     import tempfile
-
-    sys.path.insert(0, str(ROOT))
-    import config
 
     parser = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
     parser.add_argument("yaml", help="an experiment YAML in the repo root, e.g. local.yaml")
@@ -383,15 +382,15 @@ def main() -> int:
     if (why := supported()) is not None:
         parser.error(f"cannot emulate containers here: {why}")
     try:
-        conf = config.load_yaml(ROOT / args.yaml)
-    except (OSError, config.ConfigError) as err:
+        conf = config_loading.load_yaml(ROOT / args.yaml)
+    except (OSError, ConfigError) as err:
         parser.error(str(err))
     if (conf.get("resources") or {}).get("slots_per_trial", 1) != 1:
         parser.error(f"{args.yaml}: only 1-slot YAMLs (one container, this machine's CPU)")
     with tempfile.TemporaryDirectory(prefix="det-cluster-") as tmp:
         with emulated_cluster(Path(tmp), env={"OMP_NUM_THREADS": str(args.threads)}) as cluster:
             start = time.monotonic()
-            record = cluster.run_trial(conf, config.local_hparams(conf), timeout=args.timeout)
+            record = cluster.run_trial(conf, config_loading.local_hparams(conf), timeout=args.timeout)
             if record.exit_codes[-1] != 0 or cluster.master.errors:
                 print(record.failures(), cluster.master.errors, file=sys.stderr)
                 return 1

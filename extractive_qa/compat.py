@@ -10,8 +10,6 @@ Each function says what differs; the rest of the code calls these and never chec
 
 from __future__ import annotations
 
-from typing import Any
-
 
 def allow_determined_checkpoints() -> bool:
     """Let torch.load(weights_only=True) read the NumPy RNG state in Determined's checkpoints.
@@ -32,8 +30,3 @@ def allow_determined_checkpoints() -> bool:
     reconstruct = np.ndarray((0,)).__reduce__()[0]
     add_safe_globals([reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))])
     return True
-
-
-def model_kwargs(attn_implementation: str) -> dict[str, Any]:
-    """from_pretrained keyword arguments for the attention implementation."""
-    return {"attn_implementation": attn_implementation}

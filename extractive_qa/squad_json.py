@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from squad_sources import DataError, resolve_source
+from extractive_qa.squad_sources import DataError, resolve_source
 
 # --------------------------------------------------------------------------------------------
 # Parsing and validation.

@@ -1,0 +1,140 @@
+"""Model I/O: precision -> autocast, CUDA math, the QA settings saved beside every checkpoint's
+hf/ (what predict.py needs to window and extract exactly as evaluation did), and the export.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from extractive_qa import squad_json, squad_sources
+from extractive_qa.answers import Answers, extract_answers
+from extractive_qa.features import Features, WindowSpec
+from extractive_qa.settings import DataSettings, Hyperparameters
+
+if TYPE_CHECKING:
+    pass
+
+
+
+# --------------------------------------------------------------------------------------------
+# Precision and CUDA math.
+# --------------------------------------------------------------------------------------------
+
+AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}  # fp32: no autocast
+
+
+def autocast(device_type: str, precision: str) -> torch.autocast:
+    """The forward pass's mixed precision: training, evaluation and predict.py use this one."""
+    dtype = AUTOCAST_DTYPES.get(precision)
+    return torch.autocast(device_type, dtype=dtype, enabled=dtype is not None)
+
+
+def configure_cuda_math(tf32: bool) -> None:
+    """Process-wide CUDA kernel choices for training (why, with the measurements: docs/gpu.md)."""
+    # TF32 tensor-core matmuls for fp32 weights and activations: far faster than plain fp32.
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+    # cuDNN's fused attention (picked first for bf16/fp16) builds a graph for every new sequence
+    # width; dynamic padding makes up to max_seq_length / pad_to_multiple_of widths, each costing
+    # a fraction of a second the first time, which dominated short bf16 runs. The flash and
+    # memory-efficient kernels need no per-shape plan and are as fast once warm.
+    torch.backends.cuda.enable_cudnn_sdp(False)
+
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The Hugging Face model under torch.compile's and DDP's wrappers."""
+    model = getattr(model, "_orig_mod", model)  # torch.compile
+    return getattr(model, "module", model)  # DDP
+
+
+# --------------------------------------------------------------------------------------------
+# QA settings: what predict.py needs to window and extract exactly as evaluation did.
+# --------------------------------------------------------------------------------------------
+
+QA_SETTINGS = "qa_settings.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class QASettings:
+    """Written next to hf/ in every checkpoint; read by predict.py."""
+
+    squad_version: str
+    max_seq_length: int
+    doc_stride: int
+    max_query_length: int
+    n_best_size: int
+    max_answer_length: int
+    null_score_diff_threshold: float
+    pretrained_model: str
+    eval_batch_size: int  # predict.py batches like evaluation did, so its EM/F1 match exactly
+    pad_to_multiple_of: int
+    # The arithmetic evaluation ran with. Defaults: what exports written before these fields
+    # existed ran with (fp32 on CPU; TF32 is on by default on CUDA).
+    precision: str = "fp32"
+    tf32: bool = True
+
+    @classmethod
+    def from_run(
+        cls, settings: DataSettings, hp: Hyperparameters, eval_batch_size: int
+    ) -> QASettings:
+        """From a run's typed data settings and hyperparameters (run_plan.run_plan's output)."""
+        fields = {f.name for f in dataclasses.fields(cls)}
+        values = {
+            **dataclasses.asdict(hp),
+            **dataclasses.asdict(settings),
+            "eval_batch_size": eval_batch_size,
+        }
+        return cls(**{k: v for k, v in values.items() if k in fields})
+
+    @property
+    def window_spec(self) -> WindowSpec:
+        return WindowSpec(self.max_seq_length, self.doc_stride, self.max_query_length)
+
+    def extract_answers(
+        self, examples: Sequence[squad_json.Example], features: Features, start: np.ndarray, end: np.ndarray
+    ) -> Answers:
+        """Answers from window logits with these settings: the trial's evaluation and predict.py."""
+        return extract_answers(
+            examples,
+            features,
+            start,
+            end,
+            n_best=self.n_best_size,
+            max_answer_length=self.max_answer_length,
+            version_2=self.squad_version == "2.0",
+            null_score_diff_threshold=self.null_score_diff_threshold,
+        )
+
+    def save(self, hf_dir: Path) -> None:
+        squad_sources.write_text_atomic(hf_dir / QA_SETTINGS, json.dumps(dataclasses.asdict(self), indent=1))
+
+    @classmethod
+    def load(cls, hf_dir: Path) -> QASettings:
+        path = hf_dir / QA_SETTINGS
+        try:
+            raw = json.loads(path.read_text())
+        except (OSError, ValueError) as err:
+            raise squad_sources.DataError(f"{path}: cannot read QA settings ({err}).") from None
+        fields = dataclasses.fields(cls)
+        required = {f.name for f in fields if f.default is dataclasses.MISSING}
+        missing = sorted(required - set(raw))
+        if missing:
+            raise squad_sources.DataError(f"{path}: missing {', '.join(missing)}; re-export the checkpoint.")
+        return cls(**{f.name: raw[f.name] for f in fields if f.name in raw})
+
+
+def export_hf(model: torch.nn.Module, tokenizer: Any, settings: QASettings, checkpoint_dir: Path) -> Path:
+    """checkpoint_dir/hf: save_pretrained model + tokenizer + QA settings, loadable anywhere."""
+    hf = checkpoint_dir / "hf"
+    unwrap(model).save_pretrained(hf, safe_serialization=True)
+    tokenizer.save_pretrained(hf)
+    settings.save(hf)
+    return hf
