@@ -7,6 +7,7 @@ comes from data.py; batches, optimizer, evaluation and callbacks from extractive
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 from typing import Any
@@ -20,6 +21,7 @@ import data
 from extractive_qa import (
     det_internals,
     model_io,
+    outputs,
     perf_metrics,
     run_plan,
     squad_metric,
@@ -57,6 +59,7 @@ class SquadTrial(pytorch.PyTorchTrial):
                 "hyperparameters.precision: fp16 needs a CUDA GPU (use bf16 or fp32 on CPU)."
             )
         self.load_data()
+        self.latest_outputs: Any = None  # writes the latest validation's outputs (save_predictions)
         model = self.build_model()
         self.build_optimization(model)
         self.evaluator = context.wrap_reducer(
@@ -231,12 +234,24 @@ class SquadTrial(pytorch.PyTorchTrial):
         return {"eval_windows": pytorch.Reducer.SUM}
 
     def score_logits(self, start: np.ndarray, end: np.ndarray) -> dict[str, Any]:
-        answers = self.qa.extract_answers(self.val_set.examples, self.val_features, start, end)
-        return squad_metric.score(self.val_set.examples, answers.text, self.qa.squad_version)
+        """EM/F1 of the validation set (the chief); v2.0 adds best_* and keeps the tuned threshold."""
+        examples = self.val_set.examples
+        answers = self.qa.extract_answers(examples, self.val_features, start, end)
+        metrics = squad_metric.score(examples, answers.text, self.qa.squad_version)
+        if self.qa.squad_version == "2.0":
+            odds = outputs.null_odds(examples, answers)
+            best = squad_metric.best_thresholds(examples, answers.span_text, odds)
+            metrics.update(best)
+            tuned = squad_metric.tuned_null_threshold(examples, answers.span_text, odds)
+            self.qa = dataclasses.replace(self.qa, tuned_null_threshold=tuned)
+        if self.plan.data.save_predictions:
+            nbest = self.qa.nbest(examples, self.val_features, start, end)
+            self.latest_outputs = lambda out_dir: outputs.write_outputs(out_dir, examples, answers, nbest)
+        return metrics
 
     def build_callbacks(self) -> dict[str, pytorch.PyTorchCallback]:
         callbacks: dict[str, pytorch.PyTorchCallback] = {
-            "hf_export": HFExport(self.model, self.tokenizer, self.qa),
+            "hf_export": HFExport(self.model, self.tokenizer, lambda: self.qa, lambda: self.latest_outputs),
             "run_log": self.run_log,
             "rank_random_state": RankRandomState(self.context),
         }

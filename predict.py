@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import sys
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from extractive_qa import model_io, squad_json, squad_sources
+from extractive_qa import model_io, outputs, squad_json, squad_sources
 from extractive_qa.answers import Answers
 from extractive_qa.batching import assemble_logits, evaluation_batches, forward_params, model_inputs
 from extractive_qa.features import Features, build_features, load_tokenizer
@@ -95,6 +96,7 @@ class Predictor:
         self.model = AutoModelForQuestionAnswering.from_pretrained(hf).to(self.device).eval()
         self.spec = self.settings.window_spec
         self.batch_size = batch_size or self.settings.eval_batch_size
+        self.null_threshold: float | None = None
 
     def logits(self, features: Features) -> tuple[np.ndarray, np.ndarray]:
         """Start/end logits of every window, batched exactly like the trial's evaluation."""
@@ -130,7 +132,34 @@ class Predictor:
     def extract(
         self, examples: Sequence[squad_json.Example], features: Features, start: np.ndarray, end: np.ndarray
     ) -> Answers:
-        return self.settings.extract_answers(examples, features, start, end)
+        return self.settings.extract_answers(examples, features, start, end, self.null_threshold)
+
+    def null_threshold_from(self, choice: str | None) -> None:
+        """--null-threshold: `tuned` (the checkpoint's best_f1 threshold), a number, or (None) the
+        run's data.null_score_diff_threshold."""
+        self.null_threshold = None
+        if choice is None:
+            return
+        if self.settings.squad_version != "2.0":
+            raise squad_sources.DataError(
+                "--null-threshold: this checkpoint answers SQuAD v1.1 (no unanswerable questions); "
+                "the no-answer threshold applies to v2.0 models only."
+            )
+        if choice == "tuned":
+            if self.settings.tuned_null_threshold is None:
+                raise squad_sources.DataError(
+                    "--null-threshold tuned: this checkpoint holds no tuned threshold (it was saved "
+                    "before any SQuAD v2.0 validation); give a number instead."
+                )
+            self.null_threshold = float(self.settings.tuned_null_threshold)
+            return
+        try:
+            value = float(choice)
+        except ValueError:
+            value = float("nan")
+        if not math.isfinite(value):
+            raise squad_sources.DataError(f"--null-threshold: expected `tuned` or a number, got {choice!r}.")
+        self.null_threshold = value
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -140,6 +169,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--context")
     parser.add_argument("--squad", help="SQuAD JSON to answer (with --out)")
     parser.add_argument("--out", type=Path, help="predictions.json (question id -> answer)")
+    parser.add_argument(
+        "--out-dir",
+        type=Path,
+        help="with --squad: write predictions.json, null_odds.json (the official v2.0 script's "
+        "--na-prob-file) and nbest_predictions.json here",
+    )
+    parser.add_argument(
+        "--null-threshold",
+        metavar="tuned|NUMBER",
+        help="v2.0: answer \"\" where the null score beats the best span's by more than this; `tuned` "
+        "is the checkpoint's best_f1 threshold (default: the run's data.null_score_diff_threshold)",
+    )
     parser.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--batch-size", type=int)
     parser.add_argument(
@@ -151,8 +192,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     single = args.question is not None or args.context is not None
     if single == bool(args.squad):
         parser.error("give either --question and --context, or --squad FILE --out FILE")
-    if args.squad and not args.out:
-        parser.error("--squad needs --out FILE")
+    if args.squad and not (args.out or args.out_dir):
+        parser.error("--squad needs --out FILE or --out-dir DIR")
+    if single and args.out_dir:
+        parser.error("--out-dir goes with --squad FILE")
     if single and (not (args.question or "").strip() or not (args.context or "").strip()):
         print("error: --question and --context must both be non-empty text.", file=sys.stderr)
         return 2
@@ -160,6 +203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--batch-size must be positive")
     try:
         predictor = Predictor(args.checkpoint, args.device, args.batch_size, args.precision)
+        predictor.null_threshold_from(args.null_threshold)
         if single:
             example = squad_json.Example("question", args.question, args.context, [])
             answers = predictor.answer([example])
@@ -172,9 +216,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             }
         else:
             squad = squad_json.load_squad(args.squad, training=False)
-            answers = predictor.answer(squad.examples)
-            squad_sources.write_text_atomic(args.out, json.dumps(answers.text, ensure_ascii=False))
-            result = {"predictions": str(args.out), "questions": len(answers.text)}
+            features = predictor.features(squad.examples)
+            start_logits, end_logits = predictor.logits(features)
+            answers = predictor.extract(squad.examples, features, start_logits, end_logits)
+            result = {"questions": len(answers.text), "null_threshold": predictor.null_threshold}
+            if args.out:
+                squad_sources.write_text_atomic(args.out, json.dumps(answers.text, ensure_ascii=False))
+                result["predictions"] = str(args.out)
+            if args.out_dir:
+                nbest = predictor.settings.nbest(squad.examples, features, start_logits, end_logits)
+                result |= outputs.write_outputs(args.out_dir, squad.examples, answers, nbest)
     except squad_sources.DataError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -4,7 +4,7 @@ v2.0 null score). Evaluation and predict.py both use it."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -35,7 +35,10 @@ class Answers:
     score: np.ndarray  # [E] softmax probability of the chosen answer among the n-best
     start: np.ndarray  # [E] character offsets into the context (-1 for no answer)
     end: np.ndarray
-    null_score_diff: np.ndarray  # [E] null score minus best span score (v2.0)
+    null_score_diff: np.ndarray  # [E] null score minus best span score (inf where no span)
+    # question id -> its best span's text whatever the threshold ("" only where no valid span):
+    # what the official v2.0 script's best-threshold search scores
+    span_text: dict[str, str] = field(default_factory=dict)
 
 
 def extract_answers(
@@ -59,8 +62,7 @@ def extract_answers(
     end_logits = np.asarray(end_logits, dtype=np.float32)
     offsets = np.asarray(features.offsets)
     n_examples = len(examples)
-    spans = _window_spans(start_logits, end_logits, offsets, n_best, max_answer_length)
-    ranked = _rank_by_example(spans, np.asarray(features.example_index), n_best)
+    ranked = rank_spans(features, start_logits, end_logits, n_best, max_answer_length)
 
     best_score = np.full(n_examples, -np.inf, dtype=np.float64)
     has_span = np.zeros(n_examples, dtype=bool)
@@ -72,6 +74,7 @@ def extract_answers(
     choose_null = ~has_span | (version_2 & (null_diff > null_score_diff_threshold))
 
     text: dict[str, str] = {}
+    span_text: dict[str, str] = {}
     start = np.full(n_examples, -1, dtype=np.int64)
     end = np.full(n_examples, -1, dtype=np.int64)
     rows = np.flatnonzero(ranked.is_best)
@@ -79,6 +82,7 @@ def extract_answers(
     start[chosen] = offsets[window, ranked.start_token[rows], 0]
     end[chosen] = offsets[window, ranked.end_token[rows], 1]
     for e, ex in enumerate(examples):
+        span_text[ex.id] = ex.context[start[e] : end[e]] if has_span[e] else ""
         if choose_null[e]:
             start[e] = end[e] = -1
             text[ex.id] = ""
@@ -86,7 +90,7 @@ def extract_answers(
             text[ex.id] = ex.context[start[e] : end[e]]
     if version_2:
         prob = np.where(choose_null & has_span, 1.0 - prob, prob)
-    return Answers(text, prob, start, end, null_diff)
+    return Answers(text, prob, start, end, null_diff, span_text)
 
 
 @dataclass
@@ -118,8 +122,17 @@ def _window_spans(
     return _Spans(score, start_token, end_token, k)
 
 
+def rank_spans(
+    features: Features, start_logits: np.ndarray, end_logits: np.ndarray, n_best: int, max_answer_length: int
+) -> RankedSpans:
+    """Every example's candidate spans over all its windows, best first (extraction and n-best)."""
+    offsets = np.asarray(features.offsets)
+    spans = _window_spans(start_logits, end_logits, offsets, n_best, max_answer_length)
+    return _rank_by_example(spans, np.asarray(features.example_index), n_best)
+
+
 @dataclass
-class _Ranked:
+class RankedSpans:
     """Every window's n_best spans, sorted by example, then score (descending; first wins ties)."""
 
     score: np.ndarray
@@ -131,7 +144,7 @@ class _Ranked:
     is_best: np.ndarray  # its example's best span
 
 
-def _rank_by_example(spans: _Spans, example_index: np.ndarray, n_best: int) -> _Ranked:
+def _rank_by_example(spans: _Spans, example_index: np.ndarray, n_best: int) -> RankedSpans:
     n_windows, k = len(spans.score), spans.k
     top = _top_k(spans.score, min(n_best, k * k))  # [windows, n]
     score = np.take_along_axis(spans.score, top, axis=1).ravel()
@@ -147,7 +160,7 @@ def _rank_by_example(spans: _Spans, example_index: np.ndarray, n_best: int) -> _
     first_of_example = np.searchsorted(example, np.arange(n_examples), side="left")
     rank = np.arange(len(example)) - first_of_example[example]
     kept = (rank < n_best) & np.isfinite(score)
-    return _Ranked(score, feature, start_token, end_token, example, kept, kept & (rank == 0))
+    return RankedSpans(score, feature, start_token, end_token, example, kept, kept & (rank == 0))
 
 
 def _null_scores(
@@ -161,7 +174,7 @@ def _null_scores(
 
 
 def _best_probability(
-    ranked: _Ranked,
+    ranked: RankedSpans,
     best_score: np.ndarray,
     has_span: np.ndarray,
     null: np.ndarray,

@@ -8,6 +8,7 @@ import contextlib
 import logging
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -152,8 +153,19 @@ class MetricSeries(pytorch.PyTorchCallback):
 class HFExport(pytorch.PyTorchCallback):
     """Every checkpoint also holds hf/: save_pretrained model + tokenizer + QA settings."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Any, settings: model_io.QASettings) -> None:
-        self.model, self.tokenizer, self.settings = model, tokenizer, settings
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        settings: Callable[[], model_io.QASettings],
+        predictions: Callable[[], Callable[[Path], Any] | None] = lambda: None,
+    ) -> None:
+        # Getters: the settings carry the latest validation's tuned threshold, and the latest
+        # validation's outputs (data.save_predictions) change with every validation.
+        self.model, self.tokenizer, self.settings, self.predictions = model, tokenizer, settings, predictions
 
     def on_checkpoint_write_end(self, checkpoint_dir: str) -> None:
-        model_io.export_hf(self.model, self.tokenizer, self.settings, Path(checkpoint_dir))
+        model_io.export_hf(self.model, self.tokenizer, self.settings(), Path(checkpoint_dir))
+        write = self.predictions()
+        if write is not None:
+            write(Path(checkpoint_dir) / "predictions")

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from extractive_qa import squad_json, squad_sources
+from extractive_qa import outputs, squad_json, squad_sources
 from extractive_qa.answers import Answers, extract_answers
 from extractive_qa.features import Features, WindowSpec
 from extractive_qa.settings import DataSettings, Hyperparameters
@@ -80,6 +80,10 @@ class QASettings:
     # existed ran with (fp32 on CPU; TF32 is on by default on CUDA).
     precision: str = "fp32"
     tf32: bool = True
+    # v2.0: the no-answer threshold that reached best_f1 on the latest validation (the official
+    # script's best_f1_thresh); predict.py --null-threshold tuned applies it. Tuned on the
+    # validation set itself: scores on that set at this threshold are optimistic.
+    tuned_null_threshold: float | None = None
 
     @classmethod
     def from_run(
@@ -99,9 +103,15 @@ class QASettings:
         return WindowSpec(self.max_seq_length, self.doc_stride, self.max_query_length)
 
     def extract_answers(
-        self, examples: Sequence[squad_json.Example], features: Features, start: np.ndarray, end: np.ndarray
+        self,
+        examples: Sequence[squad_json.Example],
+        features: Features,
+        start: np.ndarray,
+        end: np.ndarray,
+        null_threshold: float | None = None,
     ) -> Answers:
-        """Answers from window logits with these settings: the trial's evaluation and predict.py."""
+        """Answers from window logits with these settings (the trial's evaluation and predict.py);
+        `null_threshold` overrides null_score_diff_threshold."""
         return extract_answers(
             examples,
             features,
@@ -110,7 +120,23 @@ class QASettings:
             n_best=self.n_best_size,
             max_answer_length=self.max_answer_length,
             version_2=self.squad_version == "2.0",
-            null_score_diff_threshold=self.null_score_diff_threshold,
+            null_score_diff_threshold=(
+                self.null_score_diff_threshold if null_threshold is None else null_threshold
+            ),
+        )
+
+    def nbest(
+        self, examples: Sequence[squad_json.Example], features: Features, start: np.ndarray, end: np.ndarray
+    ) -> dict[str, list[dict[str, Any]]]:
+        """Each question's n-best spans (and the null on v2.0) with probabilities summing to 1."""
+        return outputs.nbest_predictions(
+            examples,
+            features,
+            start,
+            end,
+            n_best=self.n_best_size,
+            max_answer_length=self.max_answer_length,
+            version_2=self.squad_version == "2.0",
         )
 
     def save(self, hf_dir: Path) -> None:

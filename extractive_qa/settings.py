@@ -138,6 +138,11 @@ class DataSettings:
     eval_batch_size: int | None = setting(
         None, "windows per evaluation batch per slot; default: twice the per-slot training batch", minimum=1
     )
+    save_predictions: bool = setting(
+        False,
+        "write the latest validation's predictions.json, null_odds.json and nbest_predictions.json "
+        "into every checkpoint's predictions/",
+    )
     num_workers: int = setting(0, "DataLoader worker processes", minimum=0)
 
     def eval_batch_size_per_slot(self, per_slot_batch_size: int) -> int:

@@ -270,18 +270,17 @@ def test_one_slot_trains_validates_and_checkpoints_like_a_cluster(tiny_bert: Pat
 
 
 def test_the_upload_carries_the_bundled_data_local_yaml_reads() -> None:
-    """`det experiment create local.yaml .` uploads what .detignore lets through: local.yaml's
-    data files (relative paths, read from the context on a cluster) and no tests, caches or
-    benchmarks; small enough to upload in seconds."""
+    """`det experiment create local.yaml .` (or local_v2.yaml) uploads what .detignore lets through:
+    those YAMLs' data files (relative paths, read from the context on a cluster) and no tests,
+    caches or benchmarks; small enough to upload in seconds."""
     files = {f.path: f for f in det_master.context_files(ROOT)}
-    local = config_loading.load_yaml(ROOT / "local.yaml")["data"]
-    for key in ("train_file", "validation_file"):
-        assert local[key] in files, f"{key} {local[key]} is not uploaded"
-    assert {p for p in files if p.startswith("squad_data/")} == {
-        "squad_data/README.md",  # the licence and attribution travel with the text
-        local["train_file"],
-        local["validation_file"],
-    }
+    wanted = {"squad_data/README.md"}  # the licence and attribution travel with the text
+    for name in ("local.yaml", "local_v2.yaml"):
+        data = config_loading.load_yaml(ROOT / name)["data"]
+        for key in ("train_file", "validation_file"):
+            assert data[key] in files, f"{name} {key} {data[key]} is not uploaded"
+            wanted.add(data[key])
+    assert {p for p in files if p.startswith("squad_data/")} == wanted
     assert not {p.split("/")[0] for p in files} & {"tests", "bench", "docs", ".venv", ".cache", "runs"}
     size = sum(len(f.content) // 4 * 3 for f in files.values() if f.content)
     assert size < 1_500_000, size

@@ -1,0 +1,261 @@
+"""SQuAD 2.0 with the embedded default: what training on unanswerable questions buys, and what the
+no-answer threshold is worth, on paired seeds.
+
+    python3 -m bench.squad2 run [--seeds 42,43,44,45,46] [--jobs 2]   # resumable, a row per run
+    python3 -m bench.squad2 report                                    # the table
+    python3 -m bench.squad2 overhead [--repeats 5]                    # cost of best_* and outputs
+
+Two models per seed, both `train.py --config local_v2.yaml` as a user runs it: "v2" trains on
+local-train-v2.0.json (with its unanswerable questions); "v1.1-style" on the same articles without
+them (local-train-v2.0-answerable.json). Each is then answered by predict.py (its windowing,
+batching and extraction are evaluation's) on two articles no training question comes from:
+Sky_(United_Kingdom) (local-tune-v2.0.json), on which the no-answer threshold is tuned, and
+Victoria_(Australia) (local-dev-v2.0.json), on which it is scored. Per run: EM/F1/HasAns/NoAns
+on Victoria at threshold 0 (the default), at the threshold tuned on Sky (honest), and best_f1 on
+Victoria at its own best threshold (optimistic: tuned on the set it scores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+from typing import Any
+
+from bench import study
+from extractive_qa import squad_metric
+from extractive_qa.squad_json import load_squad
+from tests.support.cli_result import last_json
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "squad_data"
+CONFIG = "local_v2.yaml"
+TUNE = DATA / "local-tune-v2.0.json"
+EVALUATE = DATA / "local-dev-v2.0.json"
+MODELS = {
+    "v2": (),
+    "v1.1-style": ("data.train_file=squad_data/local-train-v2.0-answerable.json",),
+}
+NEVER_NULL = "1e30"  # predict.py --null-threshold: every question gets its best span
+SEEDS = "42,43,44,45,46"
+
+
+def scores_at(examples: list, spans: dict[str, str], odds: dict[str, float], threshold: float) -> dict:
+    """EM/F1/HasAns/NoAns of the best spans blanked where the odds exceed `threshold`."""
+    answers = {qid: "" if odds[qid] > threshold else text for qid, text in spans.items()}
+    full = squad_metric.score(examples, answers, "2.0")
+    keys = ("exact", "f1", "HasAns_exact", "HasAns_f1", "NoAns_exact", "NoAns_f1")
+    return {k: full[k] for k in keys if k in full}
+
+
+def answer(checkpoint: str, squad: Path, out_dir: Path, env: dict[str, str]) -> tuple[dict, dict]:
+    """predict.py's best span and null odds for every question of `squad`."""
+    command = [sys.executable, "predict.py", "--checkpoint", checkpoint, "--squad", str(squad)]
+    command += ["--out-dir", str(out_dir), "--null-threshold", NEVER_NULL]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"predict.py on {squad.name} failed:\n{done.stderr[-3000:]}")
+    spans = json.loads((out_dir / "predictions.json").read_text())
+    odds = json.loads((out_dir / "null_odds.json").read_text())
+    return spans, odds
+
+
+def one_run(model: str, seed: int, workdir: Path, threads: int | None) -> dict[str, Any]:
+    env = dict(os.environ)
+    if threads:
+        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    out = workdir / f"{model}-{seed}"
+    command = [sys.executable, "train.py", "--config", CONFIG, "--checkpoint-dir", str(out / "ckpt")]
+    for value in (*MODELS[model], f"reproducibility.experiment_seed={seed}"):
+        command += ["--set", value]
+    started = time.perf_counter()
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{model} seed {seed}: train.py exited {done.returncode}:\n{done.stderr[-3000:]}")
+    trained = last_json(done.stdout)
+    tune_examples = load_squad(TUNE, training=False).examples
+    eval_examples = load_squad(EVALUATE, training=False).examples
+    tune_spans, tune_odds = answer(trained["checkpoint"], TUNE, out / "tune", env)
+    spans, odds = answer(trained["checkpoint"], EVALUATE, out / "evaluate", env)
+    tuned = squad_metric.tuned_null_threshold(tune_examples, tune_spans, tune_odds)
+    best = squad_metric.best_thresholds(eval_examples, spans, odds)
+    return {
+        "model": model,
+        "seed": seed,
+        "validation": {k: trained[k] for k in ("exact", "f1", "best_f1", "best_f1_thresh")},
+        "at_zero": scores_at(eval_examples, spans, odds, 0.0),
+        "tuned_threshold": tuned,
+        "at_tuned": scores_at(eval_examples, spans, odds, tuned),
+        "best_f1": best["best_f1"],
+        "best_f1_thresh": best["best_f1_thresh"],
+        "train_seconds": trained.get("train_seconds"),
+        "wall_seconds": round(time.perf_counter() - started, 1),
+    }
+
+
+def run(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    done = {(r["model"], r["seed"]) for r in result["rows"]}
+    todo = [(m, s) for s in args.seeds for m in MODELS if (m, s) not in done]
+    print(f"{len(done)} runs in {args.json}; {len(todo)} to go", flush=True)
+    threads = max(1, (os.cpu_count() or 1) // args.jobs) if args.jobs > 1 else None
+    lock, failures = threading.Lock(), []
+    with tempfile.TemporaryDirectory(prefix="squad2-") as tmp, ThreadPoolExecutor(args.jobs) as pool:
+        futures = {pool.submit(one_run, m, s, Path(tmp), threads): (m, s) for m, s in todo}
+        for future in as_completed(futures):
+            try:
+                row = future.result()
+            except RuntimeError as err:
+                failures.append(str(err))
+                print(str(err)[:2000], file=sys.stderr, flush=True)
+                continue
+            with lock:
+                result["rows"].append(row)
+                study.save(args.json, result)
+            print(json.dumps(row), flush=True)
+    if failures:
+        raise SystemExit(f"{len(failures)} run(s) failed; the finished ones are in {args.json}")
+
+
+def column(rows: list[dict], model: str, path: tuple[str, ...]) -> dict[int, float]:
+    out = {}
+    for row in rows:
+        if row["model"] == model:
+            value: Any = row
+            for key in path:
+                value = value[key]
+            out[row["seed"]] = float(value)
+    return out
+
+
+def report(result: dict[str, Any]) -> str:
+    rows = result["rows"]
+    measures = [
+        ("F1 at threshold 0", ("at_zero", "f1")),
+        ("EM at threshold 0", ("at_zero", "exact")),
+        ("HasAns F1 at 0", ("at_zero", "HasAns_f1")),
+        ("NoAns F1 at 0", ("at_zero", "NoAns_f1")),
+        ("F1 at the threshold tuned on Sky", ("at_tuned", "f1")),
+        ("EM at the tuned threshold", ("at_tuned", "exact")),
+        ("HasAns F1 at tuned", ("at_tuned", "HasAns_f1")),
+        ("NoAns F1 at tuned", ("at_tuned", "NoAns_f1")),
+        ("best_f1 on Victoria (optimistic)", ("best_f1",)),
+        ("the tuned threshold", ("tuned_threshold",)),
+    ]
+    lines = [
+        "| measure (Victoria_(Australia), 247 questions) | v2 | v1.1-style "
+        "| v2 - v1.1-style, paired [95 % CI] |",
+        "|---|---|---|---|",
+    ]
+    for label, path in measures:
+        cells = []
+        for model in MODELS:
+            values = column(rows, model, path)
+            if values:
+                mean, std = study.mean_std(list(values.values()))
+                cells.append(f"{mean:.2f} ± {std:.2f} (n={len(values)})")
+            else:
+                cells.append("-")
+        diff = study.paired(column(rows, "v2", path), column(rows, "v1.1-style", path))
+        lines.append(f"| {label} | {cells[0]} | {cells[1]} | {study.fmt_diff(diff)} |")
+    tuned_gain = study.paired(column(rows, "v2", ("at_tuned", "f1")), column(rows, "v2", ("at_zero", "f1")))
+    lines.append("")
+    lines.append(f"v2: F1 at the tuned threshold - F1 at 0, paired: {study.fmt_diff(tuned_gain)}")
+    no_answer = 100.0 * sum(not ex.answers for ex in load_squad(EVALUATE, training=False).examples) / 247
+    lines.append(f"answering nothing scores F1 {no_answer:.2f} on Victoria_(Australia)")
+    return "\n".join(lines)
+
+
+def overhead(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    """The v2 validation before (extraction + EM/F1) and after (+ best_* and the tuned threshold;
+    + the three output files when data.save_predictions is on), side by side on one checkpoint's
+    logits, against the whole validation (forward passes included)."""
+    import predict
+    from extractive_qa import outputs
+
+    with tempfile.TemporaryDirectory(prefix="squad2-overhead-") as tmp:
+        command = [sys.executable, "train.py", "--config", CONFIG, "--batches", "4"]
+        command += ["--checkpoint-dir", str(Path(tmp) / "ckpt")]
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise SystemExit(done.stderr[-3000:])
+        predictor = predict.Predictor(last_json(done.stdout)["checkpoint"])
+        examples = load_squad(EVALUATE, training=False).examples
+        features = predictor.features(examples)
+        started = time.perf_counter()
+        start, end = predictor.logits(features)
+        forward = time.perf_counter() - started
+        settings = predictor.settings
+
+        def before() -> None:
+            answers = settings.extract_answers(examples, features, start, end)
+            squad_metric.score(examples, answers.text, "2.0")
+
+        def after(files: bool) -> None:
+            answers = settings.extract_answers(examples, features, start, end)
+            squad_metric.score(examples, answers.text, "2.0")
+            odds = outputs.null_odds(examples, answers)
+            squad_metric.best_thresholds(examples, answers.span_text, odds)
+            squad_metric.tuned_null_threshold(examples, answers.span_text, odds)
+            if files:
+                nbest = settings.nbest(examples, features, start, end)
+                outputs.write_outputs(Path(tmp) / "out", examples, answers, nbest)
+
+        arms = {"before": before, "after": lambda: after(False), "after + files": lambda: after(True)}
+        best = {name: float("inf") for name in arms}
+        for _ in range(args.repeats):  # interleaved: drift hits every arm alike; best of the repeats
+            for name, fn in arms.items():
+                t0 = time.perf_counter()
+                fn()
+                best[name] = min(best[name], time.perf_counter() - t0)
+    validation = {name: forward + seconds for name, seconds in best.items()}
+    result["overhead"] = {
+        "date": time.strftime("%Y-%m-%d"),
+        "device": study.device_name(),
+        "questions": len(examples),
+        "windows": len(features),
+        "forward_s": round(forward, 3),
+        "postprocess_s": {name: round(s, 4) for name, s in best.items()},
+        "validation_after_vs_before": round(validation["after"] / validation["before"], 4),
+        "validation_with_files_vs_before": round(validation["after + files"] / validation["before"], 4),
+    }
+    print(json.dumps(result["overhead"], indent=1))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("what", choices=["run", "report", "overhead"])
+    parser.add_argument("--seeds", default=SEEDS, help="comma-separated experiment seeds (paired)")
+    parser.add_argument("--jobs", type=int, default=1, help="run: runs side by side")
+    parser.add_argument("--repeats", type=int, default=5, help="overhead: interleaved repeats (best of)")
+    parser.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "squad2-cpu.json")
+    args = parser.parse_args()
+    try:
+        args.seeds = [int(s) for s in args.seeds.split(",")]
+    except ValueError:
+        parser.error(f"--seeds: expected comma-separated integers, got {args.seeds!r}")
+    if args.jobs < 1 or args.repeats < 1:
+        parser.error("--jobs and --repeats must be >= 1")
+    result = study.load(args.json, {"config": CONFIG})
+    result["command"] = " ".join(["python3", "-m", "bench.squad2", *sys.argv[1:]])
+    if args.what == "run":
+        result["train_device"] = study.device_name()
+        run(args, result)
+    elif args.what == "overhead":
+        overhead(args, result)
+    study.save(args.json, result)
+    if args.what != "overhead":
+        print(report(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
