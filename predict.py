@@ -85,7 +85,15 @@ class Predictor:
         hf = find_hf_dir(checkpoint)
         self.settings = model_io.QASettings.load(hf)
         self.tokenizer = load_tokenizer(str(hf))
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        try:
+            self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        except RuntimeError:
+            raise squad_sources.DataError(f"--device {device!r}: not a device; use cpu or cuda.") from None
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise squad_sources.DataError(
+                "--device cuda: this torch has no usable CUDA GPU (a CPU build, or no GPU visible); "
+                "use --device cpu."
+            )
         # The precision evaluation ran with, so the logits -- and EM/F1 -- are the trial's.
         self.precision = precision or self.settings.precision
         if self.precision == "fp16" and self.device.type != "cuda":
@@ -93,7 +101,15 @@ class Predictor:
             self.precision = "fp32"
         if self.device.type == "cuda":
             model_io.configure_cuda_math(self.settings.tf32)
-        self.model = AutoModelForQuestionAnswering.from_pretrained(hf).to(self.device).eval()
+        try:
+            model = AutoModelForQuestionAnswering.from_pretrained(hf)
+        except Exception as err:  # truncated or foreign weights: name the files, not a traceback
+            reason = str(err).splitlines()[0][:300] if str(err) else type(err).__name__
+            raise squad_sources.DataError(
+                f"--checkpoint {checkpoint}: cannot load the model in {hf} ({reason}); the weights "
+                "may be damaged or cut short: copy the checkpoint again."
+            ) from None
+        self.model = model.to(self.device).eval()
         self.spec = self.settings.window_spec
         self.batch_size = batch_size or self.settings.eval_batch_size
         self.null_threshold: float | None = None
@@ -202,6 +218,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.batch_size is not None and args.batch_size < 1:
         parser.error("--batch-size must be positive")
     try:
+        if args.out:
+            outputs.check_output_file(args.out.resolve(), "--out")
+        if args.out_dir:
+            outputs.check_output_dir(args.out_dir.resolve(), "--out-dir")
         predictor = Predictor(args.checkpoint, args.device, args.batch_size, args.precision)
         predictor.null_threshold_from(args.null_threshold)
         if single:

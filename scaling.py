@@ -348,7 +348,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if not args.config.is_file():
             raise ScalingError(f"--config {args.config}: no such file.")
-        base = config_loading.apply_overrides(config_loading.load_yaml(args.config), args.overrides)
+        base = config_loading.load_experiment(args.config, args.overrides)
         slots = int_list(args.slots, "--slots")
         aggregation = int_list(args.aggregation, "--aggregation")
         optimizers = [o.strip() for o in args.optimizer.split(",") if o.strip()]

@@ -25,8 +25,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from extractive_qa import callbacks, compat, det_internals, run_plan, squad_sources
-from extractive_qa.checkpoints import prepare_resume, verify_on_chief
+from extractive_qa import callbacks, compat, det_internals, outputs, run_plan, squad_sources
+from extractive_qa.checkpoints import (
+    check_local_storage,
+    check_outside_upload,
+    prepare_local_storage,
+    prepare_resume,
+    verify_on_chief,
+)
 from extractive_qa.dry_run import dry_run
 from extractive_qa.local_launch import join_process_group, seed_everything
 from extractive_qa.run_source import from_cluster, from_command_line
@@ -98,8 +104,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-
-
 def run(args: argparse.Namespace, trial_class: type | None = None) -> dict[str, Any] | None:
     """Train as configured; rank 0 returns the final metrics. `trial_class` lets benchmarks
     instrument the trial (a SquadTrial subclass); users never need it."""
@@ -115,6 +119,12 @@ def run(args: argparse.Namespace, trial_class: type | None = None) -> dict[str, 
         source = from_command_line(args, int(os.environ.get("WORLD_SIZE", "1")))
     # Check everything before any long work; a bad config ends here with a clear message.
     plan = run_plan.run_plan(source.exp_conf, source.hparams, source.slots)
+    if not source.on_cluster:  # where this run writes, checked before it trains
+        check_local_storage(args.checkpoint_dir, ROOT)
+        if plan.data.cache_dir:
+            check_outside_upload(ROOT / plan.data.cache_dir, ROOT, "data.cache_dir")
+        if args.metrics_out:
+            outputs.check_output_file(args.metrics_out, "--metrics-out")
     distributed = join_process_group(source.on_cluster, plan.collective_timeout_s)
     if not source.on_cluster:
         os.chdir(ROOT)
@@ -139,6 +149,8 @@ def run(args: argparse.Namespace, trial_class: type | None = None) -> dict[str, 
             series = trial.extra_callbacks["metric_series"] = callbacks.MetricSeries(trial.run_log)
         if not source.on_cluster and context.distributed.rank == 0:
             trial.extra_callbacks["progress"] = local_progress(context, plan, trial.batches_per_epoch())
+        if not source.on_cluster and context.distributed.rank == 0:
+            prepare_local_storage(args.checkpoint_dir)  # the trial is built: the config was good
         trainer = pytorch.Trainer(trial, context)
         # A cluster's controller starts at the master's steps_completed; locally we pass ours.
         with det_internals.resume_at(0 if source.on_cluster else source.steps_completed):

@@ -8,18 +8,11 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from extractive_qa.features import Features
-
-if TYPE_CHECKING:
-    pass
-
-
-
 
 # --------------------------------------------------------------------------------------------
 # Batches: random, width-bucketed (few padded widths) or sorted; resumable.

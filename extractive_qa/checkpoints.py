@@ -8,15 +8,12 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from extractive_qa.det_internals import uploaded
+from extractive_qa.outputs import check_output_dir
+from extractive_qa.pickle_scan import check_checkpoint_pickles
 from extractive_qa.settings import ConfigError
-
-if TYPE_CHECKING:
-    pass
-
-
-
 
 
 def check_checkpoint(checkpoint: Path, what: str) -> int:
@@ -52,6 +49,8 @@ def check_checkpoint(checkpoint: Path, what: str) -> int:
         ) from None
     if bad is not None:
         raise ConfigError(f"{what} {state}: damaged checkpoint (member {bad} fails its CRC).")
+    # Determined unpickles both files; nothing in them may name code to run.
+    check_checkpoint_pickles(checkpoint)
     return steps
 
 
@@ -87,3 +86,45 @@ def verify_on_chief(distributed: Any, checkpoint: Path, what: str) -> None:
     if "error" in verdict:
         raise ConfigError(verdict["error"])
 
+
+def check_local_storage(checkpoint_dir: Path, root: Path) -> None:
+    """Before a local run starts: its checkpoint directory can hold checkpoints without eating the
+    run (not inside the upload) and can be written."""
+    check_outside_upload(checkpoint_dir, root, "--checkpoint-dir")
+    check_output_dir(checkpoint_dir, "--checkpoint-dir")
+
+
+def prepare_local_storage(checkpoint_dir: Path) -> None:
+    """Just before a local run trains: its storage is not world-writable, and partial checkpoints of
+    an interrupted run are named."""
+    base = checkpoint_dir / "determined"
+    # Determined creates its storage root world-writable (common/storage/base.py, umask 0, mode
+    # 0o777) so that containers of any user can write on shared storage. On one machine that lets
+    # any local user plant a checkpoint; made here first, it is the user's alone.
+    base.mkdir(mode=0o755, parents=True, exist_ok=True)
+    mode = base.stat().st_mode
+    if mode & 0o022:
+        os.chmod(base, mode & ~0o022)
+    partial = sorted(p.name for p in base.iterdir() if p.is_dir() and not (p / "metadata.json").is_file())
+    if partial:
+        logging.getLogger("squad").warning(
+            "%s holds %d partial checkpoint(s) of an interrupted run (no metadata.json): %s; "
+            "they cannot be resumed from and can be deleted.",
+            base, len(partial), ", ".join(partial[:5]),
+        )  # fmt: skip
+
+
+def check_outside_upload(path: Path, root: Path, flag: str) -> None:
+    """Determined copies the project directory (minus .detignore) into every checkpoint's code/;
+    a directory of outputs inside it would be copied into itself, run after run."""
+    if not path.resolve().is_relative_to(root.resolve()) or path.resolve() == root.resolve():
+        if path.resolve() == root.resolve():
+            raise ConfigError(f"{flag} {path}: is the project directory itself; use {root / 'checkpoints'}.")
+        return
+    if uploaded(root.resolve(), path.resolve()):
+        raise ConfigError(
+            f"{flag} {path}: inside the project directory, which Determined copies into every "
+            "checkpoint (code/): the checkpoints would be copied into themselves. Use "
+            f"{root / 'checkpoints'} or {root / 'runs'} (both in .detignore), or a directory "
+            "outside the project."
+        )

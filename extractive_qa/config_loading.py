@@ -5,12 +5,14 @@ hyperparameter's local value (its `val`; for a search space, the first category 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import re
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from extractive_qa.config_checks import SEARCHER_KEYS, SECTION_KEYS, TOP_LEVEL_KEYS, check_config
 from extractive_qa.settings import ConfigError
 
 # --------------------------------------------------------------------------------------------
@@ -45,9 +47,42 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: cannot read ({err}).") from None
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: not valid YAML ({err}).") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply to be an experiment config.") from None
+    except ValueError as err:  # e.g. an integer of thousands of digits
+        raise ConfigError(f"{path}: unreadable value ({str(err)[:200]}).") from None
     if not isinstance(doc, dict):
         raise ConfigError(f"{path}: expected a YAML mapping (an experiment config).")
     return doc
+
+
+def load_experiment(path: str | Path, overrides: list[str]) -> dict[str, Any]:
+    """A YAML with `--set` overrides applied, its shape checked before anything reads it."""
+    conf = apply_overrides(load_yaml(path), overrides)
+    check_config(conf)
+    return conf
+
+
+def _check_override_path(key: str) -> None:
+    """`--set` may only name what exists: a top-level key of the master's schema, a setting of
+    `data:` / `hyperparameters:`, or a key of the sections the master defines."""
+    from extractive_qa.settings import DataSettings, Hyperparameters
+
+    parts = key.split(".")
+    if parts[0] not in TOP_LEVEL_KEYS:
+        raise ConfigError(f"--set {key}: {parts[0]!r} is not an experiment-config key (a typo?).")
+    if len(parts) < 2:
+        return
+    known = {
+        "data": {f.name for f in dataclasses.fields(DataSettings)},
+        "hyperparameters": {f.name for f in dataclasses.fields(Hyperparameters)} | {"train_length"},
+        "searcher": set().union(*SEARCHER_KEYS.values()),
+        **SECTION_KEYS,
+    }.get(parts[0])
+    if known is not None and parts[1] not in known:
+        raise ConfigError(
+            f"--set {key}: {parts[0]} has no {parts[1]!r} (a typo?); known: {', '.join(sorted(known))}."
+        )
 
 
 def apply_overrides(conf: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -60,6 +95,7 @@ def apply_overrides(conf: dict[str, Any], overrides: list[str]) -> dict[str, Any
         key, sep, raw = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"--set {item!r}: expected dotted.key=value.")
+        _check_override_path(key)
         try:
             value = parse_yaml(raw) if raw else ""
         except yaml.YAMLError:

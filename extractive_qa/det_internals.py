@@ -192,3 +192,19 @@ def rfc3339_seconds(text: str) -> float:
     zone = "+00:00" if m.group(3) == "Z" else m.group(3)
     whole = datetime.datetime.fromisoformat(m.group(1) + zone).timestamp()
     return whole + float("0." + (m.group(2) or "0"))
+
+
+def uploaded(root: Path, path: Path) -> bool:
+    """Whether `path` (inside `root`) is part of what Determined uploads with the experiment and
+    copies into every local checkpoint's code/: not excluded by root's .detignore. Determined's
+    own matcher (common/detignore.py `_build_detignore_pathspec`, private), so the answer is
+    the one its context reader and checkpoint copy give."""
+    from determined.common import detignore
+
+    spec = detignore._build_detignore_pathspec(root)
+    relative = path.relative_to(root)
+    for depth in range(1, len(relative.parts) + 1):
+        part = Path(*relative.parts[:depth]).as_posix()
+        if spec.match_file(part) or spec.match_file(part + "/"):
+            return False
+    return True

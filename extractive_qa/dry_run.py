@@ -4,20 +4,15 @@
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from extractive_qa import config_loading, master_mirror, run_plan
 from extractive_qa.run_source import from_command_line
 
-if TYPE_CHECKING:
-    pass
-
-
-
 
 def dry_run(args: argparse.Namespace) -> dict[str, Any]:
     """The plan a cluster would run for --config: slots from the YAML, no model, no data."""
-    conf = config_loading.apply_overrides(config_loading.load_yaml(args.config), args.overrides)
+    conf = config_loading.load_experiment(args.config, args.overrides)
     slots = master_mirror.slots_of(conf)
     source = from_command_line(args, slots)
     plan = run_plan.run_plan(source.exp_conf, source.hparams, source.slots)

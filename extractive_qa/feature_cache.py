@@ -136,6 +136,12 @@ def prepare_features(
     directory = Path(cache_dir) / f"{split}-{fp}"
     state = "built"
     with file_lock(directory):  # one process builds; the others wait and map it
+        # Temporary build directories of this cache that a killed process left behind: only the
+        # lock's holder builds, so any that exist now are dead.
+        for stale in directory.parent.glob(f".{directory.name}.*"):
+            if stale.is_dir():
+                logger.warning("removing %s, left by an interrupted feature-cache build", stale)
+                shutil.rmtree(stale, ignore_errors=True)
         if directory.exists():
             damage = cache_damage(directory)
             if damage is None:

@@ -3,15 +3,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from extractive_qa.model_io import unwrap
-
-if TYPE_CHECKING:
-    pass
-
 
 
 def training_flops(model: torch.nn.Module, batch: int, width: int) -> float:

@@ -7,12 +7,7 @@ from __future__ import annotations
 import datetime
 import os
 import random
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    pass
-
-
+from typing import Any
 
 
 def join_process_group(on_cluster: bool, timeout_s: float | None) -> Any:

@@ -36,7 +36,6 @@ def asha_brackets(searcher: dict[str, Any]) -> list[list[int]]:
     ]
 
 
-
 # What a 0.38.1 master fills in before the trial sees the config, for the fields run_plan reads
 # (schema defaults in master/pkg/schemas/expconf/*.json: experiment.json, optimizations.json,
 # resources.json; plus the clock-drawn experiment_seed). tests/test_cluster.py checks the plans

@@ -8,7 +8,7 @@ import dataclasses
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -17,11 +17,6 @@ from extractive_qa import outputs, squad_json, squad_sources
 from extractive_qa.answers import Answers, extract_answers
 from extractive_qa.features import Features, WindowSpec
 from extractive_qa.settings import DataSettings, Hyperparameters
-
-if TYPE_CHECKING:
-    pass
-
-
 
 # --------------------------------------------------------------------------------------------
 # Precision and CUDA math.
@@ -46,7 +41,6 @@ def configure_cuda_math(tf32: bool) -> None:
     # a fraction of a second the first time, which dominated short bf16 runs. The flash and
     # memory-efficient kernels need no per-shape plan and are as fast once warm.
     torch.backends.cuda.enable_cudnn_sdp(False)
-
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -154,7 +148,28 @@ class QASettings:
         missing = sorted(required - set(raw))
         if missing:
             raise squad_sources.DataError(f"{path}: missing {', '.join(missing)}; re-export the checkpoint.")
-        return cls(**{f.name: raw[f.name] for f in fields if f.name in raw})
+        values = {f.name: raw[f.name] for f in fields if f.name in raw}
+        for f in fields:
+            if f.name in values and not _matches(values[f.name], f.type):
+                raise squad_sources.DataError(
+                    f"{path}: {f.name} is {values[f.name]!r}, expected {f.type}; the file is damaged "
+                    "or edited: re-export the checkpoint."
+                )
+        return cls(**values)
+
+
+def _matches(value: Any, annotation: str) -> bool:
+    """A qa_settings.json value against its field's annotation (str, int, float, bool, X | None)."""
+    kinds = {"str": (str,), "int": (int,), "float": (int, float), "bool": (bool,)}
+    options = [part.strip() for part in str(annotation).split("|")]
+    if value is None:
+        return "None" in options
+    for option in options:
+        if option in kinds and isinstance(value, kinds[option]):
+            if option != "bool" and isinstance(value, bool):
+                continue
+            return not (option in ("int", "float") and isinstance(value, (int, float)) and value != value)
+    return False
 
 
 def export_hf(model: torch.nn.Module, tokenizer: Any, settings: QASettings, checkpoint_dir: Path) -> Path:

@@ -6,6 +6,7 @@ character offsets, probability and logits). Evaluation and predict.py write them
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ import numpy as np
 from extractive_qa.answers import Answers, rank_spans
 from extractive_qa.features import Features
 from extractive_qa.squad_json import Example
-from extractive_qa.squad_sources import write_text_atomic
+from extractive_qa.squad_sources import DataError, write_text_atomic
 
 PREDICTIONS = "predictions.json"
 NULL_ODDS = "null_odds.json"
@@ -23,6 +24,27 @@ NBEST = "nbest_predictions.json"
 # A question whose windows hold no valid span always answers "": its null odds are the largest
 # float JSON can carry portably (Infinity is not JSON).
 ALWAYS_NULL = float(np.finfo(np.float32).max)
+
+
+def check_output_file(path: Path, flag: str) -> None:
+    """Before any work: `path` can be written as a file (its directory exists, it is not one)."""
+    if path.is_dir():
+        raise DataError(f"{flag} {path}: is a directory; give a file name, e.g. {path / 'out.json'}.")
+    if not path.parent.is_dir():
+        raise DataError(f"{flag} {path}: directory {path.parent} does not exist; create it first.")
+    if not os.access(path.parent, os.W_OK):
+        raise DataError(f"{flag} {path}: directory {path.parent} is not writable.")
+
+
+def check_output_dir(path: Path, flag: str) -> None:
+    """Before any work: `path` is or can become a writable directory."""
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    if path.exists() and not path.is_dir():
+        raise DataError(f"{flag} {path}: is a file, not a directory.")
+    if existing is None or not existing.is_dir():
+        raise DataError(f"{flag} {path}: {existing} is not a directory.")
+    if not os.access(existing, os.W_OK):
+        raise DataError(f"{flag} {path}: {existing} is not writable.")
 
 
 def null_odds(examples: Sequence[Example], answers: Answers) -> dict[str, float]:

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from extractive_qa.config_checks import check_config, check_windows
 from extractive_qa.master_mirror import asha_brackets
 from extractive_qa.settings import LR_POWERS, ConfigError, DataSettings, Hyperparameters, typed_settings
 
@@ -120,7 +121,11 @@ def training_length(conf: dict[str, Any], hparams: dict[str, Any]) -> Length:
                 "`train_length: {type: const, val: {epochs: 2}}` (or pass --epochs / --batches)."
             )
         length = _length(hparams["train_length"], "hyperparameters.train_length")
-    assert length is not None
+    if length is None:
+        raise ConfigError(
+            f"hyperparameters.train_length: {hparams.get('train_length', {})!r} trains nothing; give "
+            "{epochs: N} or {batches: N} with N > 0."
+        )
     return length
 
 
@@ -199,6 +204,7 @@ def profiling_enabled(conf: dict[str, Any]) -> bool:
 
 def run_plan(conf: dict[str, Any], hparams: dict[str, Any], slots: int) -> RunPlan:
     """Check a config and turn it into a RunPlan. Raises ConfigError naming the field."""
+    check_config(conf, complete=False)  # a whole YAML was checked when it was read
     if "group_by_length" in hparams:
         raise ConfigError(
             "hyperparameters.group_by_length was replaced by hyperparameters.batching: use "
@@ -211,6 +217,7 @@ def run_plan(conf: dict[str, Any], hparams: dict[str, Any], slots: int) -> RunPl
         also_known=("train_length",),
     )
     data = typed_settings(DataSettings, conf.get("data") or {}, "data")
+    check_windows(data)
     if hp.global_batch_size % slots:
         raise ConfigError(
             f"hyperparameters.global_batch_size={hp.global_batch_size} is not divisible by the "

@@ -6,14 +6,9 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from extractive_qa import config_loading, det_internals, master_mirror
-
-if TYPE_CHECKING:
-    pass
-
-
 
 
 @dataclass
@@ -45,7 +40,7 @@ def from_cluster(info: Any) -> Source:
 
 def from_command_line(args: argparse.Namespace, slots: int) -> Source:
     """The YAML as a master would hand it, with --set / --batches / --epochs applied."""
-    exp_conf = config_loading.apply_overrides(config_loading.load_yaml(args.config), args.overrides)
+    exp_conf = config_loading.load_experiment(args.config, args.overrides)
     exp_conf = master_mirror.with_master_defaults(exp_conf)
     hparams = config_loading.local_hparams(exp_conf)
     if args.batches or args.epochs:

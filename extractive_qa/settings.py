@@ -96,7 +96,9 @@ class Hyperparameters:
         8, "round each batch's width up to a multiple of this; the width of a bucket (buckets: 64)", minimum=1
     )
     attn_implementation: str = setting(
-        "sdpa", "transformers' attention: sdpa, eager, or flash_attention_2 where it is installed"
+        "sdpa",
+        "transformers' attention: sdpa, eager, or flash_attention_2 where it is installed",
+        choices=("sdpa", "eager", "flash_attention_2", "flex_attention"),
     )
     torch_compile: bool = setting(False, "torch.compile the model (recompiles for each padded width)")
     tf32: bool = setting(True, "CUDA: fp32 matmuls on tensor cores (TF32 inputs, fp32 accumulate)")

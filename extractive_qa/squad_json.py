@@ -92,10 +92,14 @@ def _read_json(path: Path, raw: bytes) -> dict[str, Any]:
         ) from None
     try:
         doc = json.loads(text)
+    except RecursionError:
+        raise DataError(f"{path}: JSON nested too deeply to be a SQuAD file.") from None
     except json.JSONDecodeError as err:
         raise DataError(
             f"{path}: invalid or truncated JSON at line {err.lineno} column {err.colno}: {err.msg}."
         ) from None
+    except ValueError as err:  # e.g. an integer of thousands of digits
+        raise DataError(f"{path}: unreadable JSON value ({str(err)[:200]}).") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("data"), list):
         raise DataError(f"{path}: no top-level 'data' list; is this a SQuAD file?")
     return doc

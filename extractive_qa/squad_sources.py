@@ -5,6 +5,7 @@ error every data module raises for bad input."""
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import tempfile
 import urllib.error
@@ -63,8 +64,13 @@ def resolve_source(source: str | os.PathLike, download_dir: Path | None = None) 
             )
         return path
     name = text.rstrip("/").rsplit("/", 1)[-1]
-    dest = (download_dir or default_download_dir()) / name
     expected = OFFICIAL_SHA256.get(name)
+    dest = (download_dir or default_download_dir()) / cache_name(text, name, expected)
+    if expected is None and text.startswith("http://"):
+        logging.getLogger("squad").warning(
+            "%s: plain http with no pinned SHA-256: anyone on the network path can change what is "
+            "trained on. Prefer https, or copy the file here and give its path.", text
+        )
     with file_lock(dest):
         if dest.is_file() and (expected is None or sha256_file(dest) == expected):
             return dest
@@ -76,6 +82,15 @@ def resolve_source(source: str | os.PathLike, download_dir: Path | None = None) 
                 f"to {dest} (sha256 {expected or 'not pinned'}) or point the config at a local path."
             ) from None
     return dest
+
+
+def cache_name(url: str, name: str, expected_sha256: str | None) -> str:
+    """The download's file name: the official files keep their own name (their content is pinned
+    by SHA-256 whatever the URL); any other URL gets a key of the full URL, so two URLs that end
+    in the same file name never share a download."""
+    if expected_sha256 is not None:
+        return name
+    return f"{hashlib.sha256(url.encode()).hexdigest()[:16]}-{name}"
 
 
 def write_text_atomic(path: Path, text: str) -> None:

@@ -288,3 +288,32 @@ def test_data_cli_rebuilds_a_truncated_cache(tmp_path: Path) -> None:
     lengths.write_bytes(lengths.read_bytes()[:100])
     assert run_cli(args)["cache"] == "rebuilt"
     assert run_cli(args)["cache"] == "hit"
+
+
+def test_two_urls_with_the_same_file_name_get_their_own_download(http_dir, tmp_path: Path) -> None:
+    """The download cache is keyed by the full URL: a second URL ending in the same name is fetched,
+    not answered with the first one's file."""
+    root, url = http_dir
+    (root / "a").mkdir()
+    (root / "b").mkdir()
+    (root / "a" / "custom.json").write_bytes(DEV_V1.read_bytes())
+    (root / "b" / "custom.json").write_bytes(DEV_V2.read_bytes())
+    dest = tmp_path / "dl"
+    first = squad_sources.resolve_source(f"{url}/a/custom.json", dest)
+    second = squad_sources.resolve_source(f"{url}/b/custom.json", dest)
+    assert first != second
+    assert first.read_bytes() == DEV_V1.read_bytes() and second.read_bytes() == DEV_V2.read_bytes()
+    assert squad_sources.resolve_source(f"{url}/a/custom.json", dest) == first  # and reused
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [('{"data": ' + "[" * 100000 + "]" * 100000 + "}", "nested too deeply"),
+     ('{"version": "1.1", "x": ' + "9" * 5000 + ', "data": []}', "unreadable JSON value")],
+)  # fmt: skip
+def test_hostile_json_is_a_named_error(text: str, needle: str, tmp_path: Path) -> None:
+    path = tmp_path / "hostile.json"
+    path.write_text(text)
+    with pytest.raises(squad_sources.DataError, match=needle) as err:
+        squad_json.load_squad(path, training=False)
+    assert str(path) in str(err.value)

@@ -70,9 +70,11 @@ def test_train_validate_checkpoint_and_hf_export(tiny_bert: Path, tmp_path: Path
     # Only what a trial needs travels in the checkpoint's code/ (the .detignore at work).
     code_files = {p.name for p in (ckpt / "code").iterdir()}
     assert "model_def.py" in code_files and not code_files & {"tests", "bench", "checkpoints"}
-    # of the bundled text, what local.yaml reads (so it runs on a cluster too) and its licence
+    # of the bundled text, what local.yaml and local_v2.yaml read (so they run on a cluster too)
+    # and its licence
     bundled = {p.name for p in (ckpt / "code" / "squad_data").iterdir()}
-    assert bundled == {"README.md", "local-train-v1.1.json", "dev-v1.1-excerpt.json"}
+    local = {"local-train-v1.1.json", "dev-v1.1-excerpt.json", "local-train-v2.0.json", "local-dev-v2.0.json"}
+    assert bundled == {"README.md", *local}
 
 
 @pytest.mark.parametrize("optimizer, precision", [("adamw", "bf16"), ("radam", "fp32"), ("lamb", "fp32")])
@@ -276,7 +278,6 @@ def test_bad_configs_fail_before_training(name: str, tiny_bert: Path, tmp_path: 
 def test_slow_tokenizer_is_refused(tmp_path: Path, tokenizer) -> None:
     from transformers import BertTokenizer
 
-
     slow = BertTokenizer(vocab_file=str(Path(tokenizer.name_or_path) / "vocab.txt"))
     slow.save_pretrained(tmp_path / "slow")
     (tmp_path / "slow" / "tokenizer.json").unlink(missing_ok=True)
@@ -364,10 +365,16 @@ def test_two_local_multi_process_runs_at_once_do_not_cross_talk(tiny_bert: Path,
 def test_set_overrides_parse_values() -> None:
     conf = config_loading.apply_overrides(
         {"data": {}},
-        ["hyperparameters.learning_rate=2e-4", "data.squad_version=2.0", "data.name=x1", "a.b.c=3"],
+        [
+            "hyperparameters.learning_rate=2e-4",
+            "data.squad_version=2.0",
+            "data.pretrained_model=x1",
+            "min_validation_period.batches=3",
+        ],
     )
     assert conf["hyperparameters"]["learning_rate"] == {"type": "const", "val": 2e-4}
-    assert conf["data"] == {"squad_version": 2.0, "name": "x1"} and conf["a"]["b"]["c"] == 3
+    assert conf["data"] == {"squad_version": 2.0, "pretrained_model": "x1"}
+    assert conf["min_validation_period"] == {"batches": 3}
     with pytest.raises(ConfigError, match="dotted.key=value"):
         config_loading.apply_overrides({}, ["novalue"])
 

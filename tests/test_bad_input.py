@@ -1,0 +1,406 @@
+"""Bad and hostile input: every malformed config, path and file ends in a message that names the
+field or file and says what to do (exit 2), before any work -- never a traceback, never a
+trained or written byte. Table-driven: each probe is a change to local.yaml run through
+`train.py --dry-run` (or the real run, for what only the run checks)."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import ROOT
+
+from extractive_qa import config_loading
+
+BASE = config_loading.load_yaml(ROOT / "local.yaml")
+
+
+def asha(**searcher: Any) -> dict[str, Any]:
+    conf = config_loading.load_yaml(ROOT / "search.yaml")
+    conf["searcher"].update(searcher)
+    return conf
+
+
+def changed(path: str, value: Any, conf: dict[str, Any] | None = None) -> dict[str, Any]:
+    """local.yaml (or `conf`) with the dotted `path` set to `value` (None: removed)."""
+    out = copy.deepcopy(conf if conf is not None else BASE)
+    *parents, last = path.split(".")
+    node = out
+    for part in parents:
+        node = node.setdefault(part, {})
+    if value is None:
+        node.pop(last, None)
+    else:
+        node[last] = value
+    return out
+
+
+def lr_space(spec: dict[str, Any]) -> dict[str, Any]:
+    return changed("hyperparameters.learning_rate", spec)
+
+
+def hp(name: str, value: Any) -> dict[str, Any]:
+    return changed(f"hyperparameters.{name}", {"type": "const", "val": value})
+
+
+# (probe id) -> (config, a string the error must contain)
+PROBES: dict[str, tuple[Any, str]] = {
+    "slots-zero": (changed("resources.slots_per_trial", 0), "resources.slots_per_trial"),
+    "slots-word": (changed("resources.slots_per_trial", "two"), "resources.slots_per_trial"),
+    "slots-negative": (changed("resources.slots_per_trial", -2), "resources.slots_per_trial"),
+    "slots-fraction": (changed("resources.slots_per_trial", 1.9), "resources.slots_per_trial"),
+    "resources-list": (changed("resources", [1]), "resources"),
+    "seed-word": (changed("reproducibility.experiment_seed", "abc"), "reproducibility.experiment_seed"),
+    "seed-negative": (changed("reproducibility.experiment_seed", -1), "reproducibility.experiment_seed"),
+    "reproducibility-number": (changed("reproducibility", 5), "reproducibility"),
+    "scheduling-word": (changed("scheduling_unit", "often"), "scheduling_unit"),
+    "scheduling-zero": (changed("scheduling_unit", 0), "scheduling_unit"),
+    "length-zero": (hp("train_length", {"batches": 0}), "train_length"),
+    "length-negative": (hp("train_length", {"epochs": -1}), "train_length"),
+    "length-two-units": (hp("train_length", {"epochs": 1, "batches": 5}), "train_length"),
+    "length-word": (hp("train_length", "long"), "train_length"),
+    "asha-divisor-one": (asha(divisor=1), "searcher.divisor"),
+    "asha-max-time-zero": (asha(max_time=0), "searcher.max_time"),
+    "asha-max-trials-zero": (asha(max_trials=0), "searcher.max_trials"),
+    "asha-max-rungs-zero": (asha(max_rungs=0), "searcher.max_rungs"),
+    "asha-mode": (asha(mode="wild"), "searcher.mode"),
+    "asha-time-metric": (asha(time_metric="seconds"), "searcher.time_metric"),
+    "searcher-name": (changed("searcher.name", "bogus"), "searcher.name"),
+    "searcher-no-name": (changed("searcher.name", None), "searcher.name"),
+    "searcher-no-metric": (changed("searcher.metric", None), "searcher.metric"),
+    "searcher-list": (changed("searcher", ["single"]), "searcher"),
+    "categorical-no-vals": (lr_space({"type": "categorical"}), "learning_rate"),
+    "categorical-empty": (
+        changed("hyperparameters.learning_rate", {"type": "categorical", "vals": []}),
+        "learning_rate",
+    ),
+    "range-inverted": (
+        changed("hyperparameters.learning_rate", {"type": "double", "minval": 1e-3, "maxval": 1e-5}),
+        "learning_rate",
+    ),
+    "range-under-single": (
+        changed("hyperparameters.learning_rate", {"type": "double", "minval": 1e-5, "maxval": 1e-3}),
+        "searcher",
+    ),
+    "hp-type-unknown": (lr_space({"type": "uniform", "val": 1}), "learning_rate"),
+    "hyperparameters-list": (changed("hyperparameters", [1, 2]), "hyperparameters"),
+    "optimizations-number": (changed("optimizations", 5), "optimizations"),
+    "aggregation-bool": (changed("optimizations.aggregation_frequency", True), "aggregation_frequency"),
+    "aggregation-zero": (changed("optimizations.aggregation_frequency", 0), "aggregation_frequency"),
+    "compression-word": (changed("optimizations.gradient_compression", "yes"), "gradient_compression"),
+    "average-number": (
+        changed("optimizations.average_aggregated_gradients", 3),
+        "average_aggregated_gradients",
+    ),
+    "optimizations-typo": (changed("optimizations.agregation_frequency", 2), "agregation_frequency"),
+    "profiling-bool": (changed("profiling", True), "profiling"),
+    "profiling-enabled-word": (changed("profiling.enabled", "sure"), "profiling.enabled"),
+    "top-level-typo": (changed("min_validaton_period", {"epochs": 1}), "min_validaton_period"),
+    "validation-negative": (changed("min_validation_period", {"batches": -5}), "min_validation_period"),
+    "validation-unit": (changed("min_validation_period", {"seconds": 5}), "min_validation_period"),
+    "checkpoint-period-number": (changed("min_checkpoint_period", 7), "min_checkpoint_period"),
+    "checkpoint-policy": (changed("checkpoint_policy", "sometimes"), "checkpoint_policy"),
+    "initial-validation-word": (changed("perform_initial_validation", "yes"), "perform_initial_validation"),
+    "max-restarts-negative": (changed("max_restarts", -1), "max_restarts"),
+    "records-negative": (changed("records_per_epoch", -3), "records_per_epoch"),
+    "lr-negative": (hp("learning_rate", -1), "learning_rate"),
+    "lr-word": (hp("learning_rate", "fast"), "learning_rate"),
+    "lr-infinite": (hp("learning_rate", float("inf")), "learning_rate"),
+    "batch-zero": (hp("global_batch_size", 0), "global_batch_size"),
+    "batch-indivisible": (changed("resources.slots_per_trial", 3), "global_batch_size"),
+    "warmup-above-one": (hp("warmup_ratio", 1.5), "warmup_ratio"),
+    "weight-decay-negative": (hp("weight_decay", -1), "weight_decay"),
+    "optimizer": (hp("optimizer", "sgd"), "optimizer"),
+    "lr-scaling": (hp("lr_scaling", "cubic"), "lr_scaling"),
+    "batching": (hp("batching", "weird"), "batching"),
+    "precision": (hp("precision", "fp8"), "precision"),
+    "attention": (hp("attn_implementation", "flashy"), "attn_implementation"),
+    "hp-typo": (hp("learnin_rate", 1e-4), "learnin_rate"),
+    "data-list": (changed("data", ["x"]), "data"),
+    "data-typo": (changed("data.max_seq_len", 128), "max_seq_len"),
+    "squad-version": (changed("data.squad_version", "3.0"), "squad_version"),
+    "seq-zero": (changed("data.max_seq_length", 0), "max_seq_length"),
+    "stride-word": (changed("data.doc_stride", "x"), "doc_stride"),
+    "stride-above-window": (changed("data.doc_stride", 256), "doc_stride"),
+    "query-above-window": (changed("data.max_query_length", 300), "max_query_length"),
+    "seq-above-model-positions": (changed("data.max_seq_length", 100000), "max_seq_length"),
+    "nbest-zero": (changed("data.n_best_size", 0), "n_best_size"),
+    "eval-batch-zero": (changed("data.eval_batch_size", 0), "eval_batch_size"),
+    "workers-negative": (changed("data.num_workers", -1), "num_workers"),
+    "train-file-number": (changed("data.train_file", 5), "train_file"),
+    "timeout-word": (
+        changed("environment", {"environment_variables": ["SQUAD_COLLECTIVE_TIMEOUT_S=soon"]}),
+        "SQUAD_COLLECTIVE_TIMEOUT_S",
+    ),
+    "deep-nesting": ("hyperparameters: " + "[" * 5000 + "]" * 5000, "deep-nesting.yaml"),
+    "huge-int": ("scheduling_unit: " + "9" * 5000 + "\n", "huge-int.yaml"),
+    "not-a-mapping": ("- just\n- a list\n", "mapping"),
+    "broken-yaml": ("name: [unclosed\n", "YAML"),
+    "empty-file": ("", "mapping"),
+}
+
+
+def dry_run(config: Path, *extra: str) -> tuple[int, str, str]:
+    import train
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = train.main(["--config", str(config), "--dry-run", *extra])
+        except SystemExit as stop:  # argparse's own exit for bad flags
+            code = stop.code
+    return code, out.getvalue(), err.getvalue()
+
+
+def write_probe(conf: Any, path: Path) -> Path:
+    if isinstance(conf, str):
+        path.write_text(conf)
+    else:  # JSON is YAML (and keeps inf, which the master's JSON would refuse too)
+        path.write_text(json.dumps(conf))
+    return path
+
+
+def test_there_are_sixty_probes_or_more() -> None:
+    assert len(PROBES) >= 60
+
+
+@pytest.mark.parametrize("probe", sorted(PROBES))
+def test_each_malformed_config_is_a_named_error_in_the_dry_run(probe: str, tmp_path: Path) -> None:
+    conf, needle = PROBES[probe]
+    path = write_probe(conf, tmp_path / f"{probe}.yaml")
+    code, out, err = dry_run(path)
+    assert code == 2, f"{probe}: exit {code}, stdout {out[-300:]!r}, stderr {err[-500:]!r}"
+    assert "Traceback" not in err and needle in err, f"{probe}: {err[-800:]!r}"
+    assert out == ""  # no plan printed for a config that cannot run
+
+
+def test_every_shipped_yaml_passes() -> None:
+    for name in sorted(p.name for p in ROOT.glob("*.yaml")):
+        code, _, err = dry_run(ROOT / name)
+        assert code == 0, f"{name}: {err}"
+
+
+@pytest.mark.parametrize(
+    ("override", "needle"),
+    [
+        ("hyperparameter.learning_rate=1", "hyperparameter"),
+        ("hyperparameters.learnin_rate=1", "learnin_rate"),
+        ("data.max_seq_len=128", "max_seq_len"),
+        ("optimizations.agregation_frequency=2", "agregation_frequency"),
+        ("no_equals_sign", "--set"),
+        ("hyperparameters.global_batch_size=abc", "global_batch_size"),
+    ],
+)
+def test_set_paths_that_do_not_exist_are_refused(override: str, needle: str) -> None:
+    code, out, err = dry_run(ROOT / "local.yaml", "--set", override)
+    assert code == 2 and needle in err and "Traceback" not in err, err
+
+
+# --------------------------------------------------------------------------------------------
+# Checkpoints, outputs and files: checked before any work.
+# --------------------------------------------------------------------------------------------
+
+
+class _Payload:
+    """What a hostile checkpoint carries: unpickling it would create MARKER."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple:
+        import os
+
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _planted_copy(checkpoint: Path, tmp: Path, name: str) -> tuple[Path, Path]:
+    import pickle
+    import shutil
+    import zipfile
+
+    copy_dir = tmp / f"planted-{name}"
+    shutil.copytree(checkpoint, copy_dir)
+    marker = tmp / f"ran-{name}"
+    payload = pickle.dumps({"state": _Payload(marker)})
+    if name == "trial_state.pkl":
+        (copy_dir / name).write_bytes(payload)
+    else:  # inside torch.save's zip archive, beside the real tensors
+        original = copy_dir / "state_dict.pth"
+        rebuilt = tmp / "state_dict.pth"
+        with zipfile.ZipFile(original) as src, zipfile.ZipFile(rebuilt, "w") as dst:
+            for item in src.infolist():
+                data = payload if item.filename.endswith("data.pkl") else src.read(item)
+                dst.writestr(item, data)
+        rebuilt.replace(original)
+    return copy_dir, marker
+
+
+@pytest.mark.parametrize("name", ["trial_state.pkl", "state_dict.pth"])
+def test_a_planted_checkpoint_is_refused_before_anything_is_unpickled(
+    name: str, trained, tmp_path: Path
+) -> None:
+    from conftest import run_train
+
+    checkpoint, _ = trained
+    planted, marker = _planted_copy(checkpoint, tmp_path, name)
+    code, _, err = run_train(
+        ["--resume", str(planted), "--batches", "8", "--checkpoint-dir", str(tmp_path / "c")]
+    )
+    assert code == 2, err
+    assert name in err and "system" in err and "Traceback" not in err
+    assert not marker.exists()  # nothing ran
+    assert not list((tmp_path / "c" / "determined").glob("*-*-*"))  # nothing trained or written
+
+
+def test_a_checkpoint_dir_inside_the_upload_is_refused_before_training(tmp_path: Path) -> None:
+    import shutil
+
+    from conftest import run_train
+
+    inside = ROOT / "my-checkpoints"
+    try:
+        code, _, err = run_train(["--batches", "1", "--checkpoint-dir", str(inside)])
+        assert code == 2 and "copied into themselves" in err and "Traceback" not in err, err
+        assert not inside.exists()
+    finally:  # without the check the run would fill the project with recursive copies
+        shutil.rmtree(inside, ignore_errors=True)
+
+
+def test_outputs_that_cannot_be_written_are_refused_before_training(tmp_path: Path) -> None:
+    from conftest import run_train
+
+    code, _, err = run_train(
+        ["--batches", "1", "--metrics-out", str(tmp_path), "--checkpoint-dir", str(tmp_path / "c")]
+    )
+    assert code == 2 and "--metrics-out" in err and "is a directory" in err, err
+    code, _, err = run_train(
+        [
+            "--batches",
+            "1",
+            "--metrics-out",
+            str(tmp_path / "no" / "m.json"),
+            "--checkpoint-dir",
+            str(tmp_path / "c"),
+        ]
+    )
+    assert code == 2 and "does not exist" in err, err
+    (tmp_path / "file").write_text("x")
+    code, _, err = run_train(["--batches", "1", "--checkpoint-dir", str(tmp_path / "file")])
+    assert code == 2 and "--checkpoint-dir" in err and "is a file" in err, err
+
+
+def test_partial_checkpoints_are_named_and_the_storage_is_not_world_writable(tmp_path: Path, caplog) -> None:
+    from extractive_qa.checkpoints import prepare_local_storage
+
+    base = tmp_path / "c" / "determined"
+    base.mkdir(parents=True, mode=0o777)
+    base.chmod(0o777)
+    (base / "0a1b-cut-short").mkdir()
+    with caplog.at_level("WARNING", logger="squad"):
+        prepare_local_storage(tmp_path / "c")
+    assert "0a1b-cut-short" in caplog.text and "partial checkpoint" in caplog.text
+    assert base.stat().st_mode & 0o022 == 0
+
+
+def test_stale_feature_cache_temp_dirs_are_removed_under_the_lock(tokenizer, tmp_path: Path) -> None:
+    from conftest import DEV_V1
+
+    from extractive_qa.feature_cache import features_fingerprint, prepare_features
+    from extractive_qa.features import EMBEDDED_MODEL, WindowSpec
+    from extractive_qa.squad_json import load_squad
+
+    squad = load_squad(DEV_V1, training=False)
+    spec = WindowSpec(128, 32, 32)
+    name = f"validation-{features_fingerprint(squad, EMBEDDED_MODEL, tokenizer, spec, 'validation')}"
+    stale = tmp_path / f".{name}.crashed"
+    stale.mkdir(parents=True)
+    (stale / "input_ids.npy").write_bytes(b"\0" * 1000)
+    prepare_features(squad, tokenizer, EMBEDDED_MODEL, spec, "validation", tmp_path)
+    assert not stale.exists() and (tmp_path / name).is_dir()
+
+
+def _cli(*args: str) -> tuple[int, str, str]:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    return done.returncode, done.stdout, done.stderr
+
+
+def test_the_scoring_cli_warns_per_missing_id_and_refuses_foreign_predictions(tmp_path: Path) -> None:
+    from conftest import DEV_V1, DEV_V2
+
+    from extractive_qa.squad_json import load_squad
+
+    ids = [ex.id for ex in load_squad(DEV_V1, training=False).examples]
+    foreign = tmp_path / "foreign.json"
+    foreign.write_text(json.dumps({f"x{i}": "a" for i in range(810)}))
+    code, out, err = _cli("-m", "extractive_qa.squad_metric", str(DEV_V1), str(foreign))
+    assert code == 2 and "none of its 810 ids" in err and out == ""
+    half = tmp_path / "half.json"
+    v2_ids = [ex.id for ex in load_squad(DEV_V2, training=False).examples]
+    half.write_text(json.dumps({i: "" for i in v2_ids[: len(v2_ids) // 2]}))
+    code, out, err = _cli("-m", "extractive_qa.squad_metric", str(DEV_V2), str(half))
+    assert code == 0 and err.count("Missing prediction for") == len(v2_ids) - len(v2_ids) // 2
+    assert "over the answered questions only" in err
+    some = tmp_path / "some.json"
+    some.write_text(json.dumps({i: "" for i in ids[:10]}))
+    code, _, err = _cli("-m", "extractive_qa.squad_metric", str(DEV_V1), str(some))
+    assert code == 0 and "counts each missing one as wrong" in err
+
+
+def test_predict_checks_its_inputs_and_outputs_before_any_work(trained, tmp_path: Path) -> None:
+    import shutil
+
+    import torch
+
+    checkpoint, _ = trained
+    question = ["--question", "Who won?", "--context", "Denver won."]
+    code, _, err = _cli(
+        "predict.py",
+        "--checkpoint",
+        str(checkpoint),
+        "--squad",
+        "x.json",
+        "--out",
+        str(tmp_path / "no" / "p.json"),
+    )
+    assert code == 2 and "--out" in err and "does not exist" in err and "Traceback" not in err
+    if not torch.cuda.is_available():
+        code, _, err = _cli("predict.py", "--checkpoint", str(checkpoint), *question, "--device", "cuda")
+        assert code == 2 and "--device cuda" in err and "Traceback" not in err
+    damaged = tmp_path / "damaged"
+    shutil.copytree(checkpoint, damaged)
+    weights = damaged / "hf" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    code, _, err = _cli("predict.py", "--checkpoint", str(damaged), *question)
+    assert code == 2 and "cannot load the model" in err and "Traceback" not in err
+    settings = damaged / "hf" / "qa_settings.json"
+    shutil.copy(checkpoint / "hf" / "model.safetensors", weights)
+    raw = json.loads(settings.read_text())
+    settings.write_text(json.dumps({**raw, "max_seq_length": "long"}))
+    code, _, err = _cli("predict.py", "--checkpoint", str(damaged), *question)
+    assert code == 2 and "max_seq_length" in err and "Traceback" not in err
+
+
+def test_the_key_lists_are_the_masters_schemas() -> None:
+    """config_checks' key lists equal Determined 0.38's experiment-config schemas."""
+    from extractive_qa.config_checks import SEARCHER_KEYS, SECTION_KEYS, TOP_LEVEL_KEYS
+
+    schemas = ROOT.parent / "shared" / "determined-expconf"
+    if not schemas.is_dir():
+        pytest.skip("../shared/determined-expconf (the master's schemas) is not beside the repo")
+
+    def properties(name: str) -> set[str]:
+        return set(json.loads((schemas / name).read_text())["properties"])
+
+    assert TOP_LEVEL_KEYS == properties("experiment.json")
+    for section, keys in SECTION_KEYS.items():
+        assert keys == properties(f"{section}.json"), section
+    for searcher, keys in SEARCHER_KEYS.items():
+        assert keys == properties(f"searcher-{searcher.replace('_', '-')}.json"), searcher
