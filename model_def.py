@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import math
 from typing import Any
 
 import determined as det
@@ -23,6 +22,7 @@ from extractive_qa import (
     model_io,
     outputs,
     perf_metrics,
+    plan_checks,
     run_plan,
     squad_metric,
 )
@@ -144,16 +144,14 @@ class SquadTrial(pytorch.PyTorchTrial):
             step_mode=pytorch.LRScheduler.StepMode.STEP_EVERY_OPTIMIZER_STEP,
         )
 
-    # Length bookkeeping: one epoch = the batches one rank sees, as Determined counts them.
+    # Length bookkeeping, counted as the dry run counts it (extractive_qa/plan_checks.py).
     def batches_per_epoch(self) -> int:
-        per_slot = math.ceil(len(self.train_features) / self.context.get_per_slot_batch_size())
-        ranks = self.context.distributed.size
-        return per_slot // ranks + int(per_slot % ranks > 0)
+        per_slot_batch, ranks = self.context.get_per_slot_batch_size(), self.context.distributed.size
+        return plan_checks.batches_per_epoch(len(self.train_features), per_slot_batch, ranks)
 
     def total_optimizer_steps(self) -> int:
-        length = self.plan.length
-        batches = length.value if length.unit == "batches" else length.value * self.batches_per_epoch()
-        return max(1, batches // self.plan.aggregation_frequency)
+        batches = plan_checks.total_batches(self.plan.length, self.batches_per_epoch())
+        return plan_checks.optimizer_steps(batches, self.plan.aggregation_frequency)
 
     def build_training_data_loader(self) -> pytorch.DataLoader:
         try:

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from extractive_qa import config_loading, master_mirror, run_plan
+from extractive_qa.optimization import apply_recipe
 from extractive_qa.scaling_types import ROOT, STUDY_LABEL, RunInputs, ScalingError, Variant  # noqa: F401 (re-exported)
 from extractive_qa.settings import OPTIMIZERS, ConfigError, Hyperparameters
 
@@ -91,12 +92,27 @@ def variants(
                 conf["labels"] = sorted(labels)
                 conf.setdefault("resources", {})["slots_per_trial"] = s
                 conf.setdefault("optimizations", {})["aggregation_frequency"] = a
-                conf["hyperparameters"]["optimizer"] = opt
+                apply_recipe(conf["hyperparameters"], opt)
                 conf["hyperparameters"]["global_batch_size"] = per_slot * s
                 # each one must be valid
                 plan = run_plan.run_plan(conf, config_loading.local_hparams(conf), s)
                 out.append(Variant(name, s, a, opt, per_slot, conf, plan.learning_rate))
     return out
+
+
+def plan_series(series: Sequence[Variant]) -> list[dict[str, Any]]:
+    """What `train.py --dry-run` counts and warns for each run of a series."""
+    from extractive_qa.plan_checks import count_plan
+    from extractive_qa.window_counts import count_training_windows
+
+    rows, windows = [], None
+    for v in series:
+        plan = run_plan.run_plan(v.config, config_loading.local_hparams(v.config), v.slots)
+        windows = windows or count_training_windows(plan.data, ROOT)  # the same data in every run
+        counts = count_plan(plan, v.config, v.slots, windows)
+        keys = ("training_windows", "optimizer_steps", "warmup_steps", "warnings")
+        rows.append({k: counts.get(k) for k in keys})
+    return rows
 
 
 # --------------------------------------------------------------------------------------------
@@ -354,9 +370,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         optimizers = [o.strip() for o in args.optimizer.split(",") if o.strip()]
         series = variants(base, slots, aggregation, optimizers, args.study)
         if args.command == "launch":
-            if args.dry_run:
-                for v in series:
-                    print(json.dumps({"name": v.name, "learning_rate": v.learning_rate, "config": v.config}))
+            if args.dry_run:  # each run's plan, with the dry run's counts and warnings
+                for v, counts in zip(series, plan_series(series), strict=True):
+                    row = {"name": v.name, "learning_rate": v.learning_rate, **counts, "config": v.config}
+                    print(json.dumps(row))
                 return 0
             from extractive_qa import scaling_runs
 

@@ -29,6 +29,7 @@ from extractive_qa import callbacks, compat, det_internals, outputs, run_plan, s
 from extractive_qa.checkpoints import (
     check_local_storage,
     check_outside_upload,
+    latest_checkpoint,
     prepare_local_storage,
     prepare_resume,
     verify_on_chief,
@@ -67,7 +68,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     length = parser.add_mutually_exclusive_group()
     length.add_argument("--batches", type=int, help="total training length in batches")
     length.add_argument("--epochs", type=int, help="total training length in epochs")
-    parser.add_argument("--resume", type=Path, help="checkpoint directory to continue from")
+    parser.add_argument(
+        "--resume",
+        metavar="DIR|latest",
+        help="checkpoint directory to continue from; `latest`: the newest complete checkpoint in "
+        "--checkpoint-dir (what a restarted torchrun job resumes from)",
+    )
     parser.add_argument(
         "--dry-run",
         action="store_true",
@@ -95,7 +101,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     # (filtered by .detignore) into each checkpoint's code/.
     args.config = args.config.resolve()
     args.checkpoint_dir = args.checkpoint_dir.resolve()
-    args.resume = args.resume.resolve() if args.resume else None
+    if args.resume and args.resume != "latest":
+        args.resume = Path(args.resume).resolve()
     args.metrics_out = args.metrics_out.resolve() if args.metrics_out else None
     for name in ("batches", "epochs"):
         value = getattr(args, name)
@@ -132,9 +139,9 @@ def run(args: argparse.Namespace, trial_class: type | None = None) -> dict[str, 
         # Local checkpoints go to DIR/determined/UUID (Determined's local storage follows XDG).
         os.environ["XDG_DATA_HOME"] = str(args.checkpoint_dir.resolve())
         if args.resume:
-            source.latest_checkpoint, source.steps_completed = prepare_resume(
-                args.resume, args.checkpoint_dir.resolve() / "determined"
-            )
+            storage = args.checkpoint_dir.resolve() / "determined"
+            resume = latest_checkpoint(storage) if args.resume == "latest" else args.resume
+            source.latest_checkpoint, source.steps_completed = prepare_resume(resume, storage)
     compat.allow_determined_checkpoints()
 
     with (

@@ -128,3 +128,23 @@ def check_outside_upload(path: Path, root: Path, flag: str) -> None:
             f"{root / 'checkpoints'} or {root / 'runs'} (both in .detignore), or a directory "
             "outside the project."
         )
+
+
+def latest_checkpoint(storage: Path) -> Path:
+    """The complete checkpoint with the most steps in a local storage directory (`--resume latest`).
+
+    Every rank of a torchrun job decides alone; they agree because they read the same directory
+    (on several machines: shared storage, which resuming there needs anyway)."""
+    found = []
+    for path in storage.glob("*/metadata.json") if storage.is_dir() else []:
+        try:
+            steps = int(json.loads(path.read_text())["steps_completed"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # damaged or partial: never the one to resume from
+        found.append((steps, path.stat().st_mtime, path.parent))
+    if not found:
+        raise ConfigError(
+            f"--resume latest: no complete checkpoint in {storage}; start without --resume, or "
+            "give the --checkpoint-dir the run wrote to."
+        )
+    return max(found)[2]

@@ -1,4 +1,6 @@
-"""`train.py --dry-run`: the run a cluster would execute, from the YAML alone (no model, no data).
+"""`train.py --dry-run`: the run a cluster would execute, from the YAML alone: no model is loaded;
+the training windows are counted (or read from the feature cache, or estimated) so the plan can
+give batches and optimizer steps, and the warnings come before launch.
 """
 
 from __future__ import annotations
@@ -7,7 +9,10 @@ import argparse
 from typing import Any
 
 from extractive_qa import config_loading, master_mirror, run_plan
+from extractive_qa.plan_checks import count_plan
 from extractive_qa.run_source import from_command_line
+from extractive_qa.scaling_types import ROOT
+from extractive_qa.window_counts import count_training_windows
 
 
 def dry_run(args: argparse.Namespace) -> dict[str, Any]:
@@ -16,7 +21,9 @@ def dry_run(args: argparse.Namespace) -> dict[str, Any]:
     slots = master_mirror.slots_of(conf)
     source = from_command_line(args, slots)
     plan = run_plan.run_plan(source.exp_conf, source.hparams, source.slots)
-    return describe(plan, source.exp_conf, source.slots)
+    out = describe(plan, source.exp_conf, source.slots)
+    windows = count_training_windows(plan.data, ROOT)
+    return {**out, **count_plan(plan, source.exp_conf, source.slots, windows)}
 
 
 def describe(plan: run_plan.RunPlan, conf: dict[str, Any], slots: int) -> dict[str, Any]:
@@ -27,7 +34,6 @@ def describe(plan: run_plan.RunPlan, conf: dict[str, Any], slots: int) -> dict[s
     def period(length: run_plan.Length | None) -> dict[str, int] | None:
         return None if length is None else {length.unit: length.value}
 
-    batches = plan.length.value if plan.length.unit == "batches" else None
     searcher = conf.get("searcher") or {}
     out: dict[str, Any] = {
         "name": conf.get("name"),
@@ -37,9 +43,7 @@ def describe(plan: run_plan.RunPlan, conf: dict[str, Any], slots: int) -> dict[s
         "aggregation_frequency": agg,
         "samples_per_optimizer_step": gbs * agg,
         "training_length": period(plan.length),
-        "batches": batches,
         "epochs": plan.length.value if plan.length.unit == "epochs" else None,
-        "optimizer_steps": None if batches is None else max(1, batches // agg),
         "validation_period": period(plan.validation_period),
         "checkpoint_period": period(plan.checkpoint_period),
         "checkpoint_policy": plan.checkpoint_policy,
@@ -70,11 +74,5 @@ def describe(plan: run_plan.RunPlan, conf: dict[str, Any], slots: int) -> dict[s
     }
     if searcher.get("name") == "adaptive_asha" and searcher.get("max_time") is not None:
         out["asha_brackets"] = master_mirror.asha_brackets(searcher)
-    if batches is None:
-        out["note"] = (
-            "an epoch is ceil(training windows / global_batch_size) batches; the number of windows "
-            "is known once the training set is tokenized, so batches and optimizer steps are "
-            "reported by the run itself"
-        )
     return out
 

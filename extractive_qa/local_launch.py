@@ -9,6 +9,8 @@ import os
 import random
 from typing import Any
 
+from extractive_qa.settings import ConfigError
+
 
 def join_process_group(on_cluster: bool, timeout_s: float | None) -> Any:
     """Who initialises the torch process group, decided in one place.
@@ -44,10 +46,37 @@ def join_process_group(on_cluster: bool, timeout_s: float | None) -> Any:
         local_size=int(env["LOCAL_WORLD_SIZE"]),
         cross_rank=int(env["GROUP_RANK"]),
         cross_size=int(env["GROUP_WORLD_SIZE"]),
-        chief_ip=env.get("DET_CHIEF_IP"),
+        chief_ip=chief_address(int(env["GROUP_WORLD_SIZE"])),
         pub_port=ports[0][0],
         pull_port=ports[0][1],
     )
+
+
+def chief_address(machines: int) -> str | None:
+    """Where the other machines reach the chief's Determined messaging (its DistributedContext
+    needs it as soon as there is more than one machine, and raises a bare AssertionError without).
+    DET_CHIEF_IP when set; else torchrun's MASTER_ADDR -- the rendezvous host, i.e. the first
+    machine's --local_addr or host name -- as this machine resolves it. The chief binds to that
+    address, so it must not be a loopback one."""
+    import socket
+
+    if machines <= 1:
+        return None  # one machine: Determined uses 127.0.0.1
+    if os.environ.get("DET_CHIEF_IP"):
+        return os.environ["DET_CHIEF_IP"]
+    host = os.environ.get("MASTER_ADDR", "")
+    try:
+        address = socket.gethostbyname(host) if host else ""
+    except OSError:
+        address = ""
+    if not address or address.startswith("127."):
+        raise ConfigError(
+            f"torchrun over {machines} machines: this machine cannot tell where the chief is "
+            f"(MASTER_ADDR {host or 'unset'} resolves to {address or 'nothing'}). Start torchrun "
+            "with --local_addr ADDRESS on every machine (the first machine's address is the "
+            "chief's), or set DET_CHIEF_IP to the first machine's address."
+        )
+    return address
 
 
 def free_tcp_ports(n: int) -> list[int]:

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from extractive_qa.settings import Hyperparameters
+from extractive_qa.settings import ConfigError, Hyperparameters
 
 # --------------------------------------------------------------------------------------------
 # Optimizers and schedule.
@@ -87,6 +87,35 @@ def radam_step_share(total_steps: int, warmup_steps: int, beta2: float) -> float
     weights = [schedule(step) for step in range(total_steps)]
     rectified = sum(w * radam_rectifier(step + 1, beta2) for step, w in enumerate(weights))
     return rectified / max(sum(weights), 1e-12)
+
+
+# Each optimizer's settings that the learning-rate study chose (docs/scaling.md), the one place
+# they live: scaling.py's series apply them when they switch a config's optimizer, and the shipped
+# YAMLs use them (tests compare). RAdam: beta2 0.95 and no linear warm-up on top of its rectifier;
+# LAMB: its own learning rate, 20x AdamW's (4e-3 at 40x diverged).
+OPTIMIZER_RECIPES: dict[str, dict[str, float]] = {
+    "adamw": {},
+    "radam": {"adam_beta2": 0.95, "warmup_ratio": 0.0},
+    "lamb": {"learning_rate_factor": 20.0},
+}
+
+
+def apply_recipe(hyperparameters: dict[str, Any], optimizer: str) -> None:
+    """Switch a config's `hyperparameters:` section (an AdamW recipe) to `optimizer`'s recipe."""
+    hyperparameters["optimizer"] = optimizer
+    for key, value in OPTIMIZER_RECIPES[optimizer].items():
+        if key == "learning_rate_factor":
+            rate = hyperparameters.get("learning_rate")
+            if isinstance(rate, dict):  # {type: const, val: X}
+                rate = rate.get("val")
+            if not isinstance(rate, (int, float)) or isinstance(rate, bool):
+                raise ConfigError(
+                    f"hyperparameters.learning_rate: {optimizer} takes {value:g}x a constant learning "
+                    f"rate; got {hyperparameters.get('learning_rate')!r}."
+                )
+            hyperparameters["learning_rate"] = rate * value
+        else:
+            hyperparameters[key] = value
 
 
 # Below this share RAdam trained behind AdamW in the learning-rate study (docs/scaling.md).

@@ -172,9 +172,7 @@ def test_multi_machine_ships_the_radam_form_the_study_chose() -> None:
         form["warmup_ratio"],
         form["adam_beta2"],
     )
-    shipped = Hyperparameters(
-        optimizer="radam", warmup_ratio=hp["warmup_ratio"], adam_beta2=hp["adam_beta2"]
-    )
+    shipped = Hyperparameters(optimizer="radam", warmup_ratio=hp["warmup_ratio"], adam_beta2=hp["adam_beta2"])
     assert radam_warning(shipped, 461, round(461 * hp["warmup_ratio"])) is None
     assert radam_warning(Hyperparameters(optimizer="radam", warmup_ratio=0.1), 461, 46)  # as before
 
@@ -192,7 +190,9 @@ def test_dry_run_prints_the_plan_without_a_model(tmp_path: Path) -> None:
     assert out["per_slot_batch_size"] * 16 == out["global_batch_size"]
     yaml_hp = config_loading.load_yaml(ROOT / "multi_machine.yaml")["hyperparameters"]
     assert out["adam_betas"] == [yaml_hp.get(f"adam_beta{i}", d) for i, d in ((1, 0.9), (2, 0.999))]
-    assert out["training_length"] == {"epochs": 2} and out["batches"] is None and "note" in out
+    assert out["training_length"] == {"epochs": 2}
+    # epochs become batches and steps from the training windows (counted, cached or estimated)
+    assert out["batches"] == 2 * out["batches_per_epoch"] and out["optimizer_steps"] == out["batches"] // 2
     search = run_cli(["train.py", "--config", str(ROOT / "search.yaml"), "--dry-run"])
     assert search["asha_brackets"] == [[625, 2500, 10000], [2500, 10000]]
     assert search["batches"] == 10000 and search["validation_period"] == {"batches": 625}

@@ -17,6 +17,7 @@ from conftest import ROOT, tiny_config, write_yaml
 
 import scaling
 from extractive_qa import config_loading, scaling_runs
+from extractive_qa.optimization import OPTIMIZER_RECIPES
 
 
 def _load(name: str) -> dict[str, Any]:
@@ -43,7 +44,15 @@ def test_variants_change_only_slots_aggregation_optimizer_batch_name_labels() ->
                 for k in set(base.get(key) or {}) | set(c[key])
                 if (base.get(key) or {}).get(k) != c[key].get(k)
             }
-            assert other <= {"slots_per_trial", "aggregation_frequency", "optimizer", "global_batch_size"}
+            # ... and what the optimizer's recipe sets (RAdam: beta2, no linear warm-up)
+            recipe = {k for k in OPTIMIZER_RECIPES[v.optimizer] if k != "learning_rate_factor"}
+            assert other <= {
+                "slots_per_trial",
+                "aggregation_frequency",
+                "optimizer",
+                "global_batch_size",
+                *recipe,
+            }
     assert len({v.name for v in series}) == 12
     # The recipe's rule gives each run its learning rate: 5e-5 x sqrt(samples per step / 32).
     hp = base["hyperparameters"]
