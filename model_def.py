@@ -36,6 +36,7 @@ from extractive_qa.batching import (
 from extractive_qa.callbacks import HFExport, RankRandomState, RunLog, SearcherStop
 from extractive_qa.evaluation import SquadEvaluator
 from extractive_qa.features import resolve_pretrained
+from extractive_qa.model_family import load_model_kwargs
 from extractive_qa.optimization import build_optimizer, linear_warmup_decay, radam_warning
 from extractive_qa.settings import ConfigError
 
@@ -106,12 +107,20 @@ class SquadTrial(pytorch.PyTorchTrial):
             model_io.configure_cuda_math(hp.tf32)
         try:
             model = AutoModelForQuestionAnswering.from_pretrained(
-                resolve_pretrained(model_name), attn_implementation=hp.attn_implementation
+                resolve_pretrained(model_name), **load_model_kwargs(self.plan.attention)
             )
         except (OSError, ValueError) as err:
             raise ConfigError(
                 f"data.pretrained_model {model_name!r}: cannot load ({str(err).splitlines()[0]})"
             ) from None
+        if hp.gradient_checkpointing:  # reentrant-free: works under DDP and with frozen inputs
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if context.distributed.rank == 0:
+            logger.info(
+                "model %s (%s): attention %s (%s), gradient checkpointing %s",
+                model_name, type(model).__name__, model.config._attn_implementation,
+                self.plan.attention_note, "on" if hp.gradient_checkpointing else "off",
+            )  # fmt: skip
         self.scaler = None
         if hp.precision == "fp16":
             self.scaler = context.wrap_scaler(torch.amp.GradScaler("cuda"))

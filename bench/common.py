@@ -26,6 +26,7 @@ import train
 from extractive_qa import config_loading, local_launch, model_io, optimization
 from extractive_qa.batching import forward_params, model_inputs
 from extractive_qa.features import EMBEDDED_MODEL, resolve_pretrained
+from extractive_qa.model_family import load_model_kwargs
 from extractive_qa.settings import Hyperparameters
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,7 +79,7 @@ class Loop:
         local_launch.seed_everything(SEED)  # as train.py seeds before the trial builds its model
         if device.type == "cuda":
             model_io.configure_cuda_math(rung.tf32)
-        model = AutoModelForQuestionAnswering.from_pretrained(model_path, attn_implementation=rung.attn)
+        model = AutoModelForQuestionAnswering.from_pretrained(model_path, **load_model_kwargs(rung.attn))
         self.model = model.to(device).train()
         self.accepted = forward_params(model)
         if rung.optimizer == "plain":

@@ -29,6 +29,16 @@ def _top_k(x: np.ndarray, k: int) -> np.ndarray:
     return np.take_along_axis(part, order, axis=1)
 
 
+def trim_span(context: str, start: int, end: int) -> tuple[int, int]:
+    """A span's character offsets without whitespace at its edges: SentencePiece and byte-level
+    BPE offsets include a token's leading space, WordPiece offsets do not."""
+    while start < end and context[start].isspace():
+        start += 1
+    while end > start and context[end - 1].isspace():
+        end -= 1
+    return start, end
+
+
 @dataclass
 class Answers:
     text: dict[str, str]  # question id -> answer ("" = no answer)
@@ -82,6 +92,8 @@ def extract_answers(
     start[chosen] = offsets[window, ranked.start_token[rows], 0]
     end[chosen] = offsets[window, ranked.end_token[rows], 1]
     for e, ex in enumerate(examples):
+        if has_span[e]:
+            start[e], end[e] = trim_span(ex.context, int(start[e]), int(end[e]))
         span_text[ex.id] = ex.context[start[e] : end[e]] if has_span[e] else ""
         if choose_null[e]:
             start[e] = end[e] = -1

@@ -56,6 +56,8 @@ def describe(plan: run_plan.RunPlan, conf: dict[str, Any], slots: int) -> dict[s
         "reference_batch_size": plan.hparams.reference_batch_size,
         "lr_scaling": plan.hparams.lr_scaling,
         "precision": plan.hparams.precision,
+        "attention": f"{plan.attention} ({plan.attention_note})",
+        "gradient_checkpointing": plan.hparams.gradient_checkpointing,
         "batching": f"{plan.hparams.batching} (pad_to_multiple_of {plan.hparams.pad_to_multiple_of})",
         "gradient_compression": plan.gradient_compression,
         "profiling": plan.profiling,

@@ -126,8 +126,21 @@ class _Template:
         self.middle_type, self.c_type = (types[c_at - 1] if c_at > q_at + 1 else 0), types[c_at]
         self.suffix_type = types[-1] if len(ids) > c_at + 1 else types[c_at]
         self.specials = len(self.prefix) + len(self.middle) + len(self.suffix)
+        name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+        if getattr(tokenizer, "padding_side", "right") != "right":
+            raise DataError(
+                f"tokenizer {name!r} pads on the left (XLNet-style); windows here are padded on the "
+                "right with the question first, so its model would see them wrong. Use a model whose "
+                "tokenizer pads on the right (BERT, RoBERTa, DeBERTa, ELECTRA, ALBERT, ...)."
+            )
         cls_id = tokenizer.cls_token_id
-        self.cls_index = self.prefix.index(cls_id) if cls_id in self.prefix else 0
+        if cls_id is None or cls_id not in self.prefix:
+            raise DataError(
+                f"tokenizer {name!r} does not start a (question, context) pair with its CLS token "
+                "(it puts it last, or has none): SQuAD 2.0's no-answer label and score sit at CLS, "
+                "so this windowing cannot serve it. Use a model whose pair starts with CLS."
+            )
+        self.cls_index = self.prefix.index(cls_id)
         self.pad_id = tokenizer.pad_token_id or 0
         self.uses_token_types = "token_type_ids" in tokenizer.model_input_names
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from extractive_qa.answers import Answers, rank_spans
+from extractive_qa.answers import Answers, rank_spans, trim_span
 from extractive_qa.features import Features
 from extractive_qa.squad_json import Example
 from extractive_qa.squad_sources import DataError, write_text_atomic
@@ -73,7 +73,7 @@ def nbest_predictions(
     for row in np.flatnonzero(ranked.kept):
         e, f = int(ranked.example[row]), int(ranked.feature[row])
         s_tok, e_tok = int(ranked.start_token[row]), int(ranked.end_token[row])
-        start, end = int(offsets[f, s_tok, 0]), int(offsets[f, e_tok, 1])
+        start, end = trim_span(examples[e].context, int(offsets[f, s_tok, 0]), int(offsets[f, e_tok, 1]))
         entries[e].append(
             {
                 "text": examples[e].context[start:end],

@@ -13,6 +13,7 @@ from typing import Any
 
 from extractive_qa.config_checks import check_config, check_windows
 from extractive_qa.master_mirror import asha_brackets
+from extractive_qa.model_family import check_gradient_checkpointing, resolve_attention
 from extractive_qa.settings import LR_POWERS, ConfigError, DataSettings, Hyperparameters, typed_settings
 
 # --------------------------------------------------------------------------------------------
@@ -46,6 +47,8 @@ class RunPlan:
     seed: int
     collective_timeout_s: float | None = None  # None: torch's default (30 minutes)
     profiling: bool = False  # profiling.enabled: Determined's system-metrics profiler (cluster only)
+    attention: str = "auto"  # the attention implementation the model loads with (hp's, resolved)
+    attention_note: str = ""  # how it was chosen
 
     def init_kwargs(self, exp_conf: dict[str, Any]) -> dict[str, Any]:
         return {
@@ -218,6 +221,9 @@ def run_plan(conf: dict[str, Any], hparams: dict[str, Any], slots: int) -> RunPl
     )
     data = typed_settings(DataSettings, conf.get("data") or {}, "data")
     check_windows(data)
+    attention, attention_note = resolve_attention(hp.attn_implementation, data.pretrained_model)
+    if hp.gradient_checkpointing:
+        check_gradient_checkpointing(data.pretrained_model)
     if hp.global_batch_size % slots:
         raise ConfigError(
             f"hyperparameters.global_batch_size={hp.global_batch_size} is not divisible by the "
@@ -252,5 +258,7 @@ def run_plan(conf: dict[str, Any], hparams: dict[str, Any], slots: int) -> RunPl
         seed=int(seed),
         collective_timeout_s=collective_timeout(conf),
         profiling=profiling_enabled(conf),
+        attention=attention,
+        attention_note=attention_note,
     )
 

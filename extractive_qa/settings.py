@@ -96,9 +96,13 @@ class Hyperparameters:
         8, "round each batch's width up to a multiple of this; the width of a bucket (buckets: 64)", minimum=1
     )
     attn_implementation: str = setting(
-        "sdpa",
-        "transformers' attention: sdpa, eager, or flash_attention_2 where it is installed",
-        choices=("sdpa", "eager", "flash_attention_2", "flex_attention"),
+        "auto",
+        "transformers' attention: auto (SDPA where the model supports it, else eager), sdpa, eager, "
+        "flash_attention_2 or flex_attention where installed",
+        choices=("auto", "sdpa", "eager", "flash_attention_2", "flex_attention"),
+    )
+    gradient_checkpointing: bool = setting(
+        False, "recompute activations in backward: far less memory per sample for ~30 % more compute"
     )
     torch_compile: bool = setting(False, "torch.compile the model (recompiles for each padded width)")
     tf32: bool = setting(True, "CUDA: fp32 matmuls on tensor cores (TF32 inputs, fp32 accumulate)")
