@@ -37,11 +37,12 @@ def resolve_pretrained(name: str) -> str:
     return name
 
 
-def load_tokenizer(name: str) -> Any:
+def load_tokenizer(name: str, local_only: bool = False) -> Any:
+    """The model's fast tokenizer; `local_only`: from this machine only (no hub request)."""
     from transformers import AutoTokenizer
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(resolve_pretrained(name))
+        tokenizer = AutoTokenizer.from_pretrained(resolve_pretrained(name), local_files_only=local_only)
     except (OSError, ValueError) as err:
         raise DataError(
             f"could not load tokenizer {name!r}: {str(err).splitlines()[0]} "

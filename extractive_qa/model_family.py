@@ -15,14 +15,14 @@ AUTO_ORDER = ("sdpa", "eager")
 
 def qa_model_class(pretrained: str) -> type | None:
     """The AutoModelForQuestionAnswering class for this model, from its config.json; None where
-    the config cannot be read here (a hub name on an offline machine)."""
+    the config is not on this machine (a hub name not downloaded yet: a plan asks no network)."""
     from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_QUESTION_ANSWERING_MAPPING
 
     from extractive_qa.features import resolve_pretrained
 
     try:
-        config = AutoConfig.from_pretrained(resolve_pretrained(pretrained))
+        config = AutoConfig.from_pretrained(resolve_pretrained(pretrained), local_files_only=True)
     except (OSError, ValueError):
         return None
     try:

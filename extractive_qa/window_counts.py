@@ -50,7 +50,7 @@ def count_training_windows(data: DataSettings, root: Path) -> WindowCount:
     if not local.is_file():
         return fallback(f"{source} is not on this machine yet")
     try:
-        tokenizer = load_tokenizer(data.pretrained_model)
+        tokenizer = load_tokenizer(data.pretrained_model, local_only=True)
         squad = load_squad(local, training=True)
     except (DataError, OSError, ValueError) as err:
         return fallback(f"cannot window it here ({str(err).splitlines()[0][:120]})")

@@ -139,3 +139,23 @@ def test_every_trial_of_the_search_meets_a_rung_having_seen_the_same_samples() -
             "--set", f"hyperparameters.learning_rate={lr}", "--set", f"hyperparameters.warmup_ratio={warmup}",
         )  # fmt: skip
         assert other["asha_rungs"] == plan["asha_rungs"]
+
+
+def test_the_dry_run_asks_no_network() -> None:
+    """A hub model name not downloaded yet: the plan says so instead of asking the hub (before,
+    an offline dry run retried for about 25 s per YAML)."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    env["HF_ENDPOINT"] = "http://127.0.0.1:9"  # nothing listens: any request fails or hangs
+    started = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "train.py", "--config", "const.yaml", "--dry-run"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Retrying" not in done.stderr and "127.0.0.1:9" not in done.stderr
+    assert time.perf_counter() - started < 20
