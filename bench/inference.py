@@ -9,7 +9,7 @@ Two parts, one run:
    checkpoint's hf/ (untrained QA head: speed does not depend on the weights); or --checkpoint.
 2. Model shapes: forward-only sequences/s at a fixed length for BERT-base (random weights) and
    the checkpoint's model, per precision and batch size -- the numbers to compare with NVIDIA's
-   119 sequences/s for BERT-base SQuAD inference on one V100 (as cited in issue 4).
+   published 119 sequences/s for BERT-base SQuAD inference on one V100.
 
     python3 -m bench.inference [--checkpoint DIR] [--questions 810] [--single 60] [--json FILE]
     python3 -m bench.inference --device cuda --shapes-only          # on a GPU

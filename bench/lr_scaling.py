@@ -9,7 +9,7 @@ micro-batch sequence with k times the samples per optimizer step and 1/k the ste
 batch the optimizer sees changes. Every run is `train.py --set ...` as a user would run it, with
 the rule in the config (hyperparameters.lr_scaling / reference_batch_size = 4).
 
-Phases (each needs the one before; rows are kept per run, so the study can span sessions). Every
+Phases (each needs the one before; rows are kept per run, so a stopped study resumes). Every
 cell runs the first 3 seeds; the cells a goal compares run all 5; choices are made on the first 3:
 1. the reference learning rate at 1x (AdamW, 5e-5 / 1e-4 / 2e-4): the best mean F1 is `ref`
    (5 seeds);
@@ -296,7 +296,7 @@ def plan(rows: list[dict[str, Any]], seeds: tuple[int, ...]) -> list[Stage]:
 
 def planned(rows: list[dict[str, Any]], seeds: tuple[int, ...]) -> list[study.Run]:
     """Every run the plan has decided so far, finished or not, seed by seed: a study stopped
-    part-way (it spans sessions) leaves every cell of a phase with the same seeds, so the rows
+    part-way (it resumes later) leaves every cell of a phase with the same seeds, so the rows
     so far already compare them on paired seeds."""
     decided = [r for cells, cell_seeds in plan(rows, seeds) for r in runs(cells, cell_seeds)]
     once = list({r.key: r for r in decided}.values())  # 1x's first 3 seeds are in two stages
