@@ -23,9 +23,7 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -104,23 +102,9 @@ def run(args: argparse.Namespace, result: dict[str, Any]) -> None:
     done = {(r["model"], r["seed"]) for r in result["rows"]}
     todo = [(m, s) for s in args.seeds for m in MODELS if (m, s) not in done]
     print(f"{len(done)} runs in {args.json}; {len(todo)} to go", flush=True)
-    threads = max(1, (os.cpu_count() or 1) // args.jobs) if args.jobs > 1 else None
-    lock, failures = threading.Lock(), []
-    with tempfile.TemporaryDirectory(prefix="squad2-") as tmp, ThreadPoolExecutor(args.jobs) as pool:
-        futures = {pool.submit(one_run, m, s, Path(tmp), threads): (m, s) for m, s in todo}
-        for future in as_completed(futures):
-            try:
-                row = future.result()
-            except RuntimeError as err:
-                failures.append(str(err))
-                print(str(err)[:2000], file=sys.stderr, flush=True)
-                continue
-            with lock:
-                result["rows"].append(row)
-                study.save(args.json, result)
-            print(json.dumps(row), flush=True)
-    if failures:
-        raise SystemExit(f"{len(failures)} run(s) failed; the finished ones are in {args.json}")
+    study.run_parallel(
+        todo, lambda item, workdir, threads: one_run(*item, workdir, threads), args.json, result, args.jobs
+    )
 
 
 def column(rows: list[dict], model: str, path: tuple[str, ...]) -> dict[int, float]:

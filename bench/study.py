@@ -120,15 +120,31 @@ def run_all(
     # Rows hold extra fields (row_extra, measurements); a run is done if a row has its cell and seed.
     todo = [run for run in runs if run.seed not in by_seed(result["rows"], run.cell)]
     print(f"{len(runs) - len(todo)} of {len(runs)} runs already in {path}; {len(todo)} to go", flush=True)
+
+    def work(run: Run, workdir: Path, threads: int | None) -> dict[str, Any]:
+        return {**train(run, config, workdir, threads), **(row_extra(run) if row_extra else {})}
+
+    run_parallel(todo, work, path, result, jobs)
+    return result
+
+
+def run_parallel(
+    items: Sequence[Any],
+    work: Callable[[Any, Path, int | None], dict[str, Any]],
+    path: Path,
+    result: dict[str, Any],
+    jobs: int,
+) -> None:
+    """work(item, scratch directory, threads per run) -> one row, for every item, `jobs` at a time;
+    each row is saved as it finishes. Failed runs are reported and end the study after the rest."""
     lock = threading.Lock()
     threads = max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else None
     failures = []
     with tempfile.TemporaryDirectory(prefix="study-") as tmp, ThreadPoolExecutor(jobs) as pool:
-        futures = {pool.submit(train, run, config, Path(tmp), threads): run for run in todo}
+        futures = [pool.submit(work, item, Path(tmp), threads) for item in items]
         for future in as_completed(futures):
-            run = futures[future]
             try:
-                row = {**future.result(), **(row_extra(run) if row_extra else {})}
+                row = future.result()
             except RuntimeError as err:
                 failures.append(str(err))
                 print(str(err)[:2000], file=sys.stderr, flush=True)
@@ -139,7 +155,6 @@ def run_all(
             print(json.dumps(row), flush=True)
     if failures:
         raise SystemExit(f"{len(failures)} run(s) failed; the finished ones are saved in {path}")
-    return result
 
 
 def mean_std(values: Sequence[float]) -> tuple[float, float]:
