@@ -18,6 +18,7 @@ from determined import pytorch
 
 import data
 from extractive_qa import (
+    compat,
     det_internals,
     model_io,
     outputs,
@@ -113,8 +114,8 @@ class SquadTrial(pytorch.PyTorchTrial):
             raise ConfigError(
                 f"data.pretrained_model {model_name!r}: cannot load ({str(err).splitlines()[0]})"
             ) from None
-        if hp.gradient_checkpointing:  # reentrant-free: works under DDP and with frozen inputs
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if hp.gradient_checkpointing:
+            compat.enable_activation_checkpointing(model)
         if context.distributed.rank == 0:
             logger.info(
                 "model %s (%s): attention %s (%s), gradient checkpointing %s",

@@ -45,11 +45,13 @@ def one_step(model_name: str, batch: int, checkpointing: bool, device: str) -> d
     import torch
     from transformers import BertConfig, BertForQuestionAnswering
 
+    from extractive_qa import compat
+
     torch.manual_seed(0)
     config = BertConfig(vocab_size=30522, max_position_embeddings=512, **SHAPES[model_name])
     model = BertForQuestionAnswering(config).to(device).train()
     if checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        compat.enable_activation_checkpointing(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
     inputs = {
         "input_ids": torch.randint(1000, 30000, (batch, SEQ), device=device),

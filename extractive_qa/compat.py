@@ -10,6 +10,8 @@ Each function says what differs; the rest of the code calls these and never chec
 
 from __future__ import annotations
 
+from typing import Any
+
 
 def allow_determined_checkpoints() -> bool:
     """Let torch.load(weights_only=True) read the NumPy RNG state in Determined's checkpoints.
@@ -30,3 +32,14 @@ def allow_determined_checkpoints() -> bool:
     reconstruct = np.ndarray((0,)).__reduce__()[0]
     add_safe_globals([reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))])
     return True
+
+
+def enable_activation_checkpointing(model: Any) -> None:
+    """Recompute activations in backward, without torch's reentrant variant (which DDP and frozen
+    inputs trip over). transformers 5 names it activation_checkpointing_enable (the 4.x name is
+    deprecated there); the cluster image's 4.57 has only gradient_checkpointing_enable."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)

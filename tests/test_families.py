@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from conftest import DEV_V1, DEV_V2, ROOT, TRAIN_V1, last_json, run_cli, run_train, tiny_config, write_yaml
 
+from extractive_qa import compat
 from extractive_qa.features import WindowSpec, build_features, load_tokenizer
 from extractive_qa.squad_json import Example, load_squad
 from tests.support.families import FAMILIES, build
@@ -217,7 +218,7 @@ def test_gradient_checkpointing_keeps_the_loss_and_gradients(tiny_bert: Path) ->
         torch.manual_seed(0)
         model = AutoModelForQuestionAnswering.from_pretrained(tiny_bert).train()
         if checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            compat.enable_activation_checkpointing(model)
         loss = model(**inputs).loss
         loss.backward()
         results.append(
