@@ -96,6 +96,15 @@ class QASettings:
     def window_spec(self) -> WindowSpec:
         return WindowSpec(self.max_seq_length, self.doc_stride, self.max_query_length)
 
+    @property
+    def span_search(self) -> dict[str, Any]:
+        """How candidate spans are found: the same for the answers and for the n-best lists."""
+        return {
+            "n_best": self.n_best_size,
+            "max_answer_length": self.max_answer_length,
+            "version_2": self.squad_version == "2.0",
+        }
+
     def extract_answers(
         self,
         examples: Sequence[squad_json.Example],
@@ -106,32 +115,16 @@ class QASettings:
     ) -> Answers:
         """Answers from window logits with these settings (the trial's evaluation and predict.py);
         `null_threshold` overrides null_score_diff_threshold."""
+        threshold = self.null_score_diff_threshold if null_threshold is None else null_threshold
         return extract_answers(
-            examples,
-            features,
-            start,
-            end,
-            n_best=self.n_best_size,
-            max_answer_length=self.max_answer_length,
-            version_2=self.squad_version == "2.0",
-            null_score_diff_threshold=(
-                self.null_score_diff_threshold if null_threshold is None else null_threshold
-            ),
+            examples, features, start, end, **self.span_search, null_score_diff_threshold=threshold
         )
 
     def nbest(
         self, examples: Sequence[squad_json.Example], features: Features, start: np.ndarray, end: np.ndarray
     ) -> dict[str, list[dict[str, Any]]]:
         """Each question's n-best spans (and the null on v2.0) with probabilities summing to 1."""
-        return outputs.nbest_predictions(
-            examples,
-            features,
-            start,
-            end,
-            n_best=self.n_best_size,
-            max_answer_length=self.max_answer_length,
-            version_2=self.squad_version == "2.0",
-        )
+        return outputs.nbest_predictions(examples, features, start, end, **self.span_search)
 
     def save(self, hf_dir: Path) -> None:
         squad_sources.write_text_atomic(hf_dir / QA_SETTINGS, json.dumps(dataclasses.asdict(self), indent=1))
