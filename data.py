@@ -1,10 +1,11 @@
 """SQuAD data for a run: the files of the config's `data:` section, checked and windowed.
 
-The work is in extractive_qa/, read in this order: squad_sources (where a file comes from: local
-path or official URL, verified), squad_json (parsing and checks), features (the tokenizer;
-questions and contexts -> fixed-length windows), feature_cache (memory-mapped NumPy caches),
-answers (model logits -> answer strings). Evaluation (model_def.py) and inference (predict.py)
-both use `build_features` and `extract_answers`: one implementation of windowing and extraction.
+The work is in extractive_qa/data/, read in this order: squad_files (where a file comes from:
+local path or official URL, verified; parsing and checks), features (the tokenizer; questions and
+contexts -> fixed-length windows), feature_cache (memory-mapped NumPy caches), batching; then
+extractive_qa/qa/answers (model logits -> answer strings). Evaluation (model_def.py) and inference
+(predict.py) both use `build_features` and `extract_answers`: one implementation of windowing and
+extraction.
 
 CLI (preprocess ahead of time so cluster ranks map a ready cache):
     python3 data.py --squad PATH_OR_URL --tokenizer NAME_OR_DIR --split train|validation \
@@ -23,11 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from extractive_qa.feature_cache import prepare_features
-from extractive_qa.features import Features, WindowSpec, load_tokenizer
-from extractive_qa.settings import ConfigError, DataSettings
-from extractive_qa.squad_json import SquadSet, load_squad
-from extractive_qa.squad_sources import DataError, default_download_dir
+from extractive_qa.config.settings import DataSettings, WindowSpec
+from extractive_qa.data.feature_cache import prepare_features
+from extractive_qa.data.features import Features, load_tokenizer
+from extractive_qa.data.squad_files import SquadSet, default_download_dir, load_squad
+from extractive_qa.errors import ConfigError, DataError
 
 logger = logging.getLogger("squad")
 

@@ -17,29 +17,22 @@ import torch
 from determined import pytorch
 
 import data
-from extractive_qa import (
-    compat,
-    det_internals,
-    model_io,
-    outputs,
-    perf_metrics,
-    plan_checks,
-    run_plan,
-    squad_metric,
-)
-from extractive_qa.batching import (
+from extractive_qa import compat, det_internals
+from extractive_qa.config import run_plan
+from extractive_qa.config.model_family import load_model_kwargs, resolve_pretrained
+from extractive_qa.data.batching import (
     FeatureDataset,
     evaluation_batches,
     forward_params,
     model_inputs,
     training_batches,
 )
-from extractive_qa.callbacks import HFExport, RankRandomState, RunLog, SearcherStop
-from extractive_qa.evaluation import SquadEvaluator
-from extractive_qa.features import resolve_pretrained
-from extractive_qa.model_family import load_model_kwargs
-from extractive_qa.optimization import build_optimizer, linear_warmup_decay, radam_warning
-from extractive_qa.settings import ConfigError
+from extractive_qa.errors import ConfigError
+from extractive_qa.qa import outputs, qa_settings, squad_metric
+from extractive_qa.trial import model_io, perf_metrics
+from extractive_qa.trial.callbacks import HFExport, RankRandomState, RunLog, SearcherStop
+from extractive_qa.trial.evaluation import SquadEvaluator
+from extractive_qa.trial.optimization import build_optimizer, linear_warmup_decay, radam_warning
 
 logger = logging.getLogger("squad")
 
@@ -55,7 +48,7 @@ class SquadTrial(pytorch.PyTorchTrial):
         # Windowing, evaluation batching, precision and extraction: what evaluation uses, what
         # every checkpoint's hf/ saves, and what predict.py loads -- one object.
         eval_batch = self.plan.data.eval_batch_size_per_slot(context.get_per_slot_batch_size())
-        self.qa = model_io.QASettings.from_run(self.plan.data, self.plan.hparams, eval_batch)
+        self.qa = qa_settings.QASettings.from_run(self.plan.data, self.plan.hparams, eval_batch)
         if self.plan.hparams.precision == "fp16" and context.device.type != "cuda":
             raise ConfigError(
                 "hyperparameters.precision: fp16 needs a CUDA GPU (use bf16 or fp32 on CPU)."
@@ -154,14 +147,14 @@ class SquadTrial(pytorch.PyTorchTrial):
             step_mode=pytorch.LRScheduler.StepMode.STEP_EVERY_OPTIMIZER_STEP,
         )
 
-    # Length bookkeeping, counted as the dry run counts it (extractive_qa/plan_checks.py).
+    # Length bookkeeping, counted as the dry run counts it (extractive_qa/dry_run.py).
     def batches_per_epoch(self) -> int:
         per_slot_batch, ranks = self.context.get_per_slot_batch_size(), self.context.distributed.size
-        return plan_checks.batches_per_epoch(len(self.train_features), per_slot_batch, ranks)
+        return run_plan.batches_per_epoch(len(self.train_features), per_slot_batch, ranks)
 
     def total_optimizer_steps(self) -> int:
-        batches = plan_checks.total_batches(self.plan.length, self.batches_per_epoch())
-        return plan_checks.optimizer_steps(batches, self.plan.aggregation_frequency)
+        batches = run_plan.total_batches(self.plan.length, self.batches_per_epoch())
+        return run_plan.optimizer_steps(batches, self.plan.aggregation_frequency)
 
     def build_training_data_loader(self) -> pytorch.DataLoader:
         try:

@@ -6,7 +6,7 @@
 DIR is a checkpoint directory written by train.py (or a cluster checkpoint), its hf/ folder, or a
 Determined checkpoint UUID when a master is reachable (DET_MASTER). Windowing, batching,
 precision and answer extraction are the ones evaluation uses (extractive_qa's features, batching
-and answers, and the run's hf/qa_settings.json), so `python3 -m extractive_qa.squad_metric` on the
+and answers, and the run's hf/qa_settings.json), so `python3 -m extractive_qa.qa.squad_metric` on the
 written predictions reproduces the
 trial's validation EM/F1. The last stdout line is JSON.
 """
@@ -25,10 +25,14 @@ from pathlib import Path
 
 import numpy as np
 
-from extractive_qa import model_io, outputs, squad_json, squad_sources
-from extractive_qa.answers import Answers
-from extractive_qa.batching import assemble_logits, evaluation_batches, forward_params, model_inputs
-from extractive_qa.features import Features, build_features, load_tokenizer
+from extractive_qa.data import squad_files
+from extractive_qa.data.batching import assemble_logits, evaluation_batches, forward_params, model_inputs
+from extractive_qa.data.features import Features, build_features, load_tokenizer
+from extractive_qa.errors import DataError
+from extractive_qa.files import check_output_dir, check_output_file, write_text_atomic
+from extractive_qa.qa import outputs, qa_settings
+from extractive_qa.qa.answers import Answers
+from extractive_qa.trial import model_io
 
 UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
@@ -39,11 +43,11 @@ def find_hf_dir(checkpoint: str) -> Path:
     if not path.exists() and UUID.match(checkpoint):
         path = download_checkpoint(checkpoint)
     if not path.is_dir():
-        raise squad_sources.DataError(f"--checkpoint {checkpoint}: no such directory (or reachable UUID).")
+        raise DataError(f"--checkpoint {checkpoint}: no such directory (or reachable UUID).")
     for candidate in (path / "hf", path):
-        if (candidate / "config.json").is_file() and (candidate / model_io.QA_SETTINGS).is_file():
+        if (candidate / "config.json").is_file() and (candidate / qa_settings.QA_SETTINGS).is_file():
             return candidate
-    raise squad_sources.DataError(
+    raise DataError(
         f"--checkpoint {checkpoint}: not a checkpoint of this project (no hf/config.json and "
         "hf/qa_settings.json); pass a directory train.py wrote."
     )
@@ -54,7 +58,7 @@ def download_checkpoint(uuid: str) -> Path:
 
     master = os.environ.get("DET_MASTER")
     if not master:
-        raise squad_sources.DataError(
+        raise DataError(
             f"--checkpoint {uuid}: looks like a Determined checkpoint UUID, but DET_MASTER is not "
             "set; set it (and log in with `det user login`) or pass a directory."
         )
@@ -63,7 +67,7 @@ def download_checkpoint(uuid: str) -> Path:
         target = Path(tempfile.mkdtemp(prefix=f"ckpt-{uuid[:8]}-"))
         client.get_checkpoint(uuid).download(str(target))
     except Exception as err:  # the SDK raises many kinds; all mean "could not fetch"
-        raise squad_sources.DataError(
+        raise DataError(
             f"--checkpoint {uuid}: cannot download from {master} ({err})."
         ) from None
     return target
@@ -83,14 +87,14 @@ class Predictor:
         from transformers import AutoModelForQuestionAnswering
 
         hf = find_hf_dir(checkpoint)
-        self.settings = model_io.QASettings.load(hf)
+        self.settings = qa_settings.QASettings.load(hf)
         self.tokenizer = load_tokenizer(str(hf))
         try:
             self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         except RuntimeError:
-            raise squad_sources.DataError(f"--device {device!r}: not a device; use cpu or cuda.") from None
+            raise DataError(f"--device {device!r}: not a device; use cpu or cuda.") from None
         if self.device.type == "cuda" and not torch.cuda.is_available():
-            raise squad_sources.DataError(
+            raise DataError(
                 "--device cuda: this torch has no usable CUDA GPU (a CPU build, or no GPU visible); "
                 "use --device cpu."
             )
@@ -105,7 +109,7 @@ class Predictor:
             model = AutoModelForQuestionAnswering.from_pretrained(hf)
         except Exception as err:  # truncated or foreign weights: name the files, not a traceback
             reason = str(err).splitlines()[0][:300] if str(err) else type(err).__name__
-            raise squad_sources.DataError(
+            raise DataError(
                 f"--checkpoint {checkpoint}: cannot load the model in {hf} ({reason}); the weights "
                 "may be damaged or cut short: copy the checkpoint again."
             ) from None
@@ -137,16 +141,16 @@ class Predictor:
                 )
         return assemble_logits(parts, features)
 
-    def answer(self, examples: Sequence[squad_json.Example]) -> Answers:
+    def answer(self, examples: Sequence[squad_files.Example]) -> Answers:
         features = self.features(examples)
         start, end = self.logits(features)
         return self.extract(examples, features, start, end)
 
-    def features(self, examples: Sequence[squad_json.Example]) -> Features:
+    def features(self, examples: Sequence[squad_files.Example]) -> Features:
         return build_features(examples, self.tokenizer, self.spec, labels=False, offsets=True)
 
     def extract(
-        self, examples: Sequence[squad_json.Example], features: Features, start: np.ndarray, end: np.ndarray
+        self, examples: Sequence[squad_files.Example], features: Features, start: np.ndarray, end: np.ndarray
     ) -> Answers:
         return self.settings.extract_answers(examples, features, start, end, self.null_threshold)
 
@@ -157,13 +161,13 @@ class Predictor:
         if choice is None:
             return
         if self.settings.squad_version != "2.0":
-            raise squad_sources.DataError(
+            raise DataError(
                 "--null-threshold: this checkpoint answers SQuAD v1.1 (no unanswerable questions); "
                 "the no-answer threshold applies to v2.0 models only."
             )
         if choice == "tuned":
             if self.settings.tuned_null_threshold is None:
-                raise squad_sources.DataError(
+                raise DataError(
                     "--null-threshold tuned: this checkpoint holds no tuned threshold (it was saved "
                     "before any SQuAD v2.0 validation); give a number instead."
                 )
@@ -174,7 +178,7 @@ class Predictor:
         except ValueError:
             value = float("nan")
         if not math.isfinite(value):
-            raise squad_sources.DataError(f"--null-threshold: expected `tuned` or a number, got {choice!r}.")
+            raise DataError(f"--null-threshold: expected `tuned` or a number, got {choice!r}.")
         self.null_threshold = value
 
 
@@ -219,13 +223,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--batch-size must be positive")
     try:
         if args.out:
-            outputs.check_output_file(args.out.resolve(), "--out")
+            check_output_file(args.out.resolve(), "--out")
         if args.out_dir:
-            outputs.check_output_dir(args.out_dir.resolve(), "--out-dir")
+            check_output_dir(args.out_dir.resolve(), "--out-dir")
         predictor = Predictor(args.checkpoint, args.device, args.batch_size, args.precision)
         predictor.null_threshold_from(args.null_threshold)
         if single:
-            example = squad_json.Example("question", args.question, args.context, [])
+            example = squad_files.Example("question", args.question, args.context, [])
             answers = predictor.answer([example])
             start, end = int(answers.start[0]), int(answers.end[0])
             result = {
@@ -235,18 +239,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "end": max(end, 0),
             }
         else:
-            squad = squad_json.load_squad(args.squad, training=False)
+            squad = squad_files.load_squad(args.squad, training=False)
             features = predictor.features(squad.examples)
             start_logits, end_logits = predictor.logits(features)
             answers = predictor.extract(squad.examples, features, start_logits, end_logits)
             result = {"questions": len(answers.text), "null_threshold": predictor.null_threshold}
             if args.out:
-                squad_sources.write_text_atomic(args.out, json.dumps(answers.text, ensure_ascii=False))
+                write_text_atomic(args.out, json.dumps(answers.text, ensure_ascii=False))
                 result["predictions"] = str(args.out)
             if args.out_dir:
                 nbest = predictor.settings.nbest(squad.examples, features, start_logits, end_logits)
                 result |= outputs.write_outputs(args.out_dir, squad.examples, answers, nbest)
-    except squad_sources.DataError as err:
+    except DataError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(json.dumps(result, ensure_ascii=False))

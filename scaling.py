@@ -16,8 +16,8 @@ time = the run's samples / that rate, speedup = samples/s over the 1-slot run wi
 aggregation and optimizer, per-slot efficiency = speedup / slots, EM and F1 from the last
 validation. Failed or unfinished runs stay in the report with their state.
 
-Layers: this module (planning, the pure report, the CLI) imports scaling_runs (the runners:
-SDK, torchrun); both import the types they share from scaling_types, which imports neither.
+Layers: this module (planning, the pure report, the CLI) imports extractive_qa.scaling_runs (the
+planned run, its report's inputs, and the runners: SDK, torchrun), which never imports it.
 """
 
 from __future__ import annotations
@@ -34,10 +34,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from extractive_qa import config_loading, master_mirror, run_plan
-from extractive_qa.optimization import apply_recipe
-from extractive_qa.scaling_types import ROOT, STUDY_LABEL, RunInputs, ScalingError, Variant  # noqa: F401 (re-exported)
-from extractive_qa.settings import OPTIMIZERS, ConfigError, Hyperparameters
+from extractive_qa.config import experiment, run_plan
+from extractive_qa.config.settings import OPTIMIZERS, Hyperparameters
+from extractive_qa.errors import ConfigError, ScalingError
+from extractive_qa.files import ROOT
+from extractive_qa.scaling_runs import STUDY_LABEL, RunInputs, Variant
+from extractive_qa.trial.optimization import apply_recipe
 
 # --------------------------------------------------------------------------------------------
 # The series of configs.
@@ -67,8 +69,8 @@ def variants(
             f"searcher.name is {searcher!r}: a scaling study compares single runs; use a config with "
             "searcher.name: single (const.yaml, distributed.yaml, multi_machine.yaml, local.yaml)."
         )
-    hparams = config_loading.local_hparams(base)
-    base_slots = master_mirror.slots_of(base)
+    hparams = experiment.local_hparams(base)
+    base_slots = experiment.slots_of(base)
     global_batch = hparams.get("global_batch_size", Hyperparameters().global_batch_size)
     if not isinstance(global_batch, int) or global_batch % base_slots:
         raise ScalingError(
@@ -95,19 +97,18 @@ def variants(
                 apply_recipe(conf["hyperparameters"], opt)
                 conf["hyperparameters"]["global_batch_size"] = per_slot * s
                 # each one must be valid
-                plan = run_plan.run_plan(conf, config_loading.local_hparams(conf), s)
+                plan = run_plan.run_plan(conf, experiment.local_hparams(conf), s)
                 out.append(Variant(name, s, a, opt, per_slot, conf, plan.learning_rate))
     return out
 
 
 def plan_series(series: Sequence[Variant]) -> list[dict[str, Any]]:
     """What `train.py --dry-run` counts and warns for each run of a series."""
-    from extractive_qa.plan_checks import count_plan
-    from extractive_qa.window_counts import count_training_windows
+    from extractive_qa.dry_run import count_plan, count_training_windows
 
     rows, windows = [], None
     for v in series:
-        plan = run_plan.run_plan(v.config, config_loading.local_hparams(v.config), v.slots)
+        plan = run_plan.run_plan(v.config, experiment.local_hparams(v.config), v.slots)
         windows = windows or count_training_windows(plan.data, ROOT)  # the same data in every run
         counts = count_plan(plan, v.config, v.slots, windows)
         keys = ("training_windows", "optimizer_steps", "warmup_steps", "warnings")
@@ -364,7 +365,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if not args.config.is_file():
             raise ScalingError(f"--config {args.config}: no such file.")
-        base = config_loading.load_experiment(args.config, args.overrides)
+        base = experiment.load_experiment(args.config, args.overrides)
         slots = int_list(args.slots, "--slots")
         aggregation = int_list(args.aggregation, "--aggregation")
         optimizers = [o.strip() for o in args.optimizer.split(",") if o.strip()]

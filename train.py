@@ -25,8 +25,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from extractive_qa import callbacks, compat, det_internals, outputs, run_plan, squad_sources
-from extractive_qa.checkpoints import (
+from extractive_qa import compat, det_internals
+from extractive_qa.config import run_plan
+from extractive_qa.config.experiment import from_cluster, from_command_line
+from extractive_qa.config.settings import settings_help
+from extractive_qa.dry_run import dry_run
+from extractive_qa.errors import ConfigError, DataError
+from extractive_qa.files import check_output_file, write_text_atomic
+from extractive_qa.trial import callbacks
+from extractive_qa.trial.checkpoints import (
     check_local_storage,
     check_outside_upload,
     latest_checkpoint,
@@ -34,10 +41,7 @@ from extractive_qa.checkpoints import (
     prepare_resume,
     verify_on_chief,
 )
-from extractive_qa.dry_run import dry_run
-from extractive_qa.local_launch import join_process_group, seed_everything
-from extractive_qa.run_source import from_cluster, from_command_line
-from extractive_qa.settings import ConfigError, settings_help
+from extractive_qa.trial.launch import join_process_group, seed_everything
 
 if TYPE_CHECKING:
     import model_def
@@ -131,7 +135,7 @@ def run(args: argparse.Namespace, trial_class: type | None = None) -> dict[str, 
         if plan.data.cache_dir:
             check_outside_upload(ROOT / plan.data.cache_dir, ROOT, "data.cache_dir")
         if args.metrics_out:
-            outputs.check_output_file(args.metrics_out, "--metrics-out")
+            check_output_file(args.metrics_out, "--metrics-out")
     distributed = join_process_group(source.on_cluster, plan.collective_timeout_s)
     if not source.on_cluster:
         os.chdir(ROOT)
@@ -171,7 +175,7 @@ def run(args: argparse.Namespace, trial_class: type | None = None) -> dict[str, 
 
 def final_result(trial: model_def.SquadTrial) -> dict[str, Any]:
     """The last stdout line: final validation metrics, checkpoint, steps, loss, throughput."""
-    from extractive_qa import perf_metrics
+    from extractive_qa.trial import perf_metrics
 
     log = trial.run_log
     return {
@@ -186,7 +190,7 @@ def final_result(trial: model_def.SquadTrial) -> dict[str, Any]:
 
 def local_progress(context: Any, plan: run_plan.RunPlan, batches_per_epoch: int) -> Any:
     """The progress display of a local run (rank 0): total batches from the plan."""
-    from extractive_qa import progress
+    from extractive_qa.trial import progress
 
     unit = batches_per_epoch if plan.length.unit == "epochs" else 1
     total = plan.length.value * unit
@@ -205,7 +209,7 @@ def write_metrics(
         "optimizer": plan.hparams.optimizer,
         **series,
     }
-    squad_sources.write_text_atomic(path, json.dumps(record, indent=1))
+    write_text_atomic(path, json.dumps(record, indent=1))
 
 
 def print_settings() -> None:
@@ -227,13 +231,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Determined's own format: the WebUI parses the level from it for its log-level filter.
     logging.basicConfig(level=logging.INFO, format=determined.LOG_FORMAT)
     if not args.dry_run and det_internals.cluster_trial() is None:
-        from extractive_qa import progress
+        from extractive_qa.trial import progress
 
         progress.quiet_determined_log()  # the progress display says it; a cluster keeps it all
         progress.hide_library_progress_bars()
     try:
         result = dry_run(args) if args.dry_run else run(args)
-    except (ConfigError, squad_sources.DataError, det_internals.VersionError) as err:
+    except (ConfigError, DataError, det_internals.VersionError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except RuntimeError as err:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import tiny_validation_file
-from extractive_qa import config_loading
+from extractive_qa.config import experiment
 from tests.support import allreduce_probe
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,7 +66,7 @@ def describe(row: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     args, frequencies = parse_args(argv)
 
-    conf = config_loading.load_yaml(args.config)
+    conf = experiment.load_yaml(args.config)
     per_rank = int(conf["hyperparameters"]["global_batch_size"]) // allreduce_probe.WORLD
     rows = []
     with tempfile.TemporaryDirectory() as tmp_name:

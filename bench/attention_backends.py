@@ -21,9 +21,12 @@ from pathlib import Path
 import torch
 
 from bench import common as tp  # model, config and the bare training loop
-from extractive_qa import config_loading, run_plan, squad_json
-from extractive_qa.batching import Collator, FeatureBatchSampler
-from extractive_qa.features import EMBEDDED_MODEL, WindowSpec, build_features, load_tokenizer
+from extractive_qa.config import experiment, run_plan
+from extractive_qa.config.model_family import EMBEDDED_MODEL
+from extractive_qa.config.settings import WindowSpec
+from extractive_qa.data import squad_files
+from extractive_qa.data.batching import Collator, FeatureBatchSampler
+from extractive_qa.data.features import build_features, load_tokenizer
 
 VARIANTS = [  # name, attention, precision, cuDNN attention allowed, TF32
     ("fp32 sdpa", "sdpa", "fp32", True, False),
@@ -52,9 +55,9 @@ def main() -> int:
         train_file=tp.ROOT / "squad_data" / "local-train-v1.1.json", max_seq_length=384, doc_stride=128,
         batch_size=args.batch_size, precision="bf16", compile=False, batches=args.batches,
     )  # fmt: skip
-    conf = config_loading.load_yaml(tp.trial_config(settings, model_path, tmp))
-    hp = run_plan.run_plan(conf, config_loading.local_hparams(conf), 1).hparams
-    squad = squad_json.load_squad(settings.train_file, training=True)
+    conf = experiment.load_yaml(tp.trial_config(settings, model_path, tmp))
+    hp = run_plan.run_plan(conf, experiment.local_hparams(conf), 1).hparams
+    squad = squad_files.load_squad(settings.train_file, training=True)
     features = build_features(
         squad.examples, tokenizer, WindowSpec(384, 128, 64), labels=True, offsets=False
     )

@@ -36,9 +36,12 @@ from typing import Any
 
 import numpy as np
 
-from extractive_qa import config_loading, run_plan, squad_json
-from extractive_qa.batching import Collator, FeatureBatchSampler
-from extractive_qa.features import Features, WindowSpec, build_features, load_tokenizer, resolve_pretrained
+from extractive_qa.config import experiment, run_plan
+from extractive_qa.config.model_family import resolve_pretrained
+from extractive_qa.config.settings import WindowSpec
+from extractive_qa.data import squad_files
+from extractive_qa.data.batching import Collator, FeatureBatchSampler
+from extractive_qa.data.features import Features, build_features, load_tokenizer
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -102,10 +105,10 @@ def same_paragraph(batches: list[np.ndarray], paragraph: np.ndarray) -> float:
 
 
 def local_setup() -> tuple[run_plan.RunPlan, Features, np.ndarray]:
-    conf = config_loading.load_yaml(ROOT / "local.yaml")
-    plan = run_plan.run_plan(conf, config_loading.local_hparams(conf), 1)
+    conf = experiment.load_yaml(ROOT / "local.yaml")
+    plan = run_plan.run_plan(conf, experiment.local_hparams(conf), 1)
     tokenizer = load_tokenizer(plan.data.pretrained_model)
-    squad = squad_json.load_squad(ROOT / plan.data.train_file, training=True)
+    squad = squad_files.load_squad(ROOT / plan.data.train_file, training=True)
     spec = WindowSpec(plan.data.max_seq_length, plan.data.doc_stride, plan.data.max_query_length)
     features = build_features(squad.examples, tokenizer, spec, labels=True, offsets=False)
     contexts = {c: i for i, c in enumerate(dict.fromkeys(e.context for e in squad.examples))}
@@ -118,7 +121,7 @@ def stats(args: argparse.Namespace, result: dict[str, Any]) -> None:
     batch, max_len = plan.hparams.global_batch_size, plan.data.max_seq_length
     # Full-size: SQuAD v1.1 at 384/128 has ~88.6k windows; lengths drawn from the bundled text's.
     tokenizer = load_tokenizer(plan.data.pretrained_model)
-    squad = squad_json.load_squad(ROOT / plan.data.train_file, training=True)
+    squad = squad_files.load_squad(ROOT / plan.data.train_file, training=True)
     long = build_features(
         squad.examples, tokenizer, WindowSpec(384, 128, 64), labels=True, offsets=False
     )

@@ -27,22 +27,23 @@ import tempfile
 import time
 from pathlib import Path
 
-from extractive_qa import config_loading, scaling_runs
+from extractive_qa import scaling_runs
+from extractive_qa.config import experiment
 from tests.support import det_cluster
 from tests.support.cli_result import last_json
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def experiment(batches: int, cache: Path) -> tuple[dict, dict]:
-    conf = config_loading.load_yaml(ROOT / "local.yaml")
+def config_for(batches: int, cache: Path) -> tuple[dict, dict]:
+    conf = experiment.load_yaml(ROOT / "local.yaml")
     conf["data"]["cache_dir"] = str(cache)
     for key in ("train_file", "validation_file"):  # the very files both paths read
         conf["data"][key] = str(ROOT / conf["data"][key])
     conf["resources"]["slots_per_trial"] = 2
     conf["hyperparameters"]["train_length"] = {"type": "const", "val": {"batches": batches}}
     conf["entrypoint"] = "python3 -m determined.launch.torch_distributed python3 train.py"
-    return conf, config_loading.local_hparams(conf)
+    return conf, experiment.local_hparams(conf)
 
 
 def local_run(conf: dict, tmp: Path) -> tuple[float, dict]:
@@ -87,7 +88,7 @@ def main() -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        conf, hp = experiment(args.batches, tmp / "features")
+        conf, hp = config_for(args.batches, tmp / "features")
         local_run(conf, tmp / "warm")  # builds the feature cache both paths then read
         arms = ("profiler-on", "profiler-off") if args.profiling else ("cluster", "local")
         times: dict[str, list[float]] = {arm: [] for arm in arms}

@@ -23,11 +23,11 @@ import torch
 import yaml
 
 import train
-from extractive_qa import config_loading, local_launch, model_io, optimization
-from extractive_qa.batching import forward_params, model_inputs
-from extractive_qa.features import EMBEDDED_MODEL, resolve_pretrained
-from extractive_qa.model_family import load_model_kwargs
-from extractive_qa.settings import Hyperparameters
+from extractive_qa.config import experiment
+from extractive_qa.config.model_family import EMBEDDED_MODEL, load_model_kwargs, resolve_pretrained
+from extractive_qa.config.settings import Hyperparameters
+from extractive_qa.data.batching import forward_params, model_inputs
+from extractive_qa.trial import launch, model_io, optimization
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -76,7 +76,7 @@ class Loop:
 
         hf_logging.set_verbosity_error()
         hf_logging.disable_progress_bar()  # a 'Loading weights' bar per rung between the table rows
-        local_launch.seed_everything(SEED)  # as train.py seeds before the trial builds its model
+        launch.seed_everything(SEED)  # as train.py seeds before the trial builds its model
         if device.type == "cuda":
             model_io.configure_cuda_math(rung.tf32)
         model = AutoModelForQuestionAnswering.from_pretrained(model_path, **load_model_kwargs(rung.attn))
@@ -156,7 +156,7 @@ def tiny_validation_file(tmp: Path) -> Path:
 
 
 def trial_config(args: argparse.Namespace, model_path: str, tmp: Path) -> Path:
-    conf = config_loading.load_yaml(ROOT / "local.yaml")
+    conf = experiment.load_yaml(ROOT / "local.yaml")
     conf["data"].update(
         pretrained_model=model_path,
         train_file=str(args.train_file),

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from extractive_qa.answers import extract_answers
+from extractive_qa.qa.answers import extract_answers
 from tests.support.reference_extraction import loop_extract, setup, standard_postprocess, trained_shaped
 
 ROOT = Path(__file__).resolve().parents[1]

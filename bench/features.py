@@ -18,20 +18,22 @@ import platform
 import time
 from pathlib import Path
 
-from extractive_qa import squad_json
-from extractive_qa.features import EMBEDDED_MODEL, WindowSpec, build_features, load_tokenizer
+from extractive_qa.config.model_family import EMBEDDED_MODEL
+from extractive_qa.config.settings import WindowSpec
+from extractive_qa.data import squad_files
+from extractive_qa.data.features import build_features, load_tokenizer
 from tests.support.reference_features import compare, standard_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def replicate(examples, copies: int) -> list[squad_json.Example]:
+def replicate(examples, copies: int) -> list[squad_files.Example]:
     """Copies of the excerpt with fresh ids; each copy's contexts get a distinct tail."""
     out = []
     for c in range(copies):
         tail = f" (copy {c})"
         for ex in examples:
-            out.append(squad_json.Example(f"{ex.id}-{c}", ex.question, ex.context + tail, ex.answers))
+            out.append(squad_files.Example(f"{ex.id}-{c}", ex.question, ex.context + tail, ex.answers))
     return out
 
 
@@ -40,7 +42,7 @@ def main() -> None:
     parser.add_argument("--copies", type=int, default=150, help="150 copies = ~40k examples")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    squad = squad_json.load_squad(ROOT / "squad_data/train-v1.1-excerpt.json", training=True)
+    squad = squad_files.load_squad(ROOT / "squad_data/train-v1.1-excerpt.json", training=True)
     tokenizer = load_tokenizer(EMBEDDED_MODEL)
     examples = replicate(squad.examples, args.copies)
     spec = WindowSpec()

@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from extractive_qa import feature_cache
+from extractive_qa.data import feature_cache
 from tests.support.cli_result import last_json
 
 ROOT = Path(__file__).resolve().parents[1]

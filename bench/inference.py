@@ -31,9 +31,14 @@ import torch
 
 import predict
 from bench.common import BERT_BASE, sync
-from extractive_qa import config_loading, model_io, run_plan, squad_json, squad_sources
-from extractive_qa.features import load_tokenizer, resolve_pretrained
-from extractive_qa.settings import ConfigError
+from extractive_qa.config import experiment, run_plan
+from extractive_qa.config.model_family import resolve_pretrained
+from extractive_qa.data import squad_files
+from extractive_qa.data.features import load_tokenizer
+from extractive_qa.errors import ConfigError, DataError
+from extractive_qa.files import write_text_atomic
+from extractive_qa.qa import qa_settings
+from extractive_qa.trial import model_io
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -46,15 +51,15 @@ def export_embedded(target: Path, conf_path: Path) -> Path:
     from transformers import AutoModelForQuestionAnswering
     from transformers.utils import logging as hf_logging
 
-    conf = config_loading.load_yaml(conf_path)
-    plan = run_plan.run_plan(conf, config_loading.local_hparams(conf), 1)
+    conf = experiment.load_yaml(conf_path)
+    plan = run_plan.run_plan(conf, experiment.local_hparams(conf), 1)
     hf_logging.set_verbosity_error()  # the QA head is newly initialised; that is the point here
     name = plan.data.pretrained_model
     model = AutoModelForQuestionAnswering.from_pretrained(resolve_pretrained(name))
     model.save_pretrained(target, safe_serialization=True)
     load_tokenizer(name).save_pretrained(target)
     eval_batch = plan.data.eval_batch_size_per_slot(plan.hparams.global_batch_size)  # one slot
-    model_io.QASettings.from_run(plan.data, plan.hparams, eval_batch).save(target)
+    qa_settings.QASettings.from_run(plan.data, plan.hparams, eval_batch).save(target)
     return target
 
 
@@ -218,8 +223,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             checkpoint = args.checkpoint or str(export_embedded(Path(tmp), ROOT / "local.yaml"))
             predictor = predict.Predictor(checkpoint, str(args.device))
-            squad = squad_json.load_squad(args.squad, training=False)
-        except (squad_sources.DataError, ConfigError) as err:
+            squad = squad_files.load_squad(args.squad, training=False)
+        except (DataError, ConfigError) as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
         result["model"] = predictor.settings.pretrained_model
@@ -233,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             result["shapes"] = shapes(shape_models(predictor), args, args.device)
     if args.json:
-        squad_sources.write_text_atomic(args.json, json.dumps(result))
+        write_text_atomic(args.json, json.dumps(result))
     print(json.dumps(result))
     return 0
 

@@ -45,8 +45,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from extractive_qa import config_loading, run_plan
-from extractive_qa.settings import Hyperparameters
+from extractive_qa.config import experiment, run_plan
+from extractive_qa.config.settings import Hyperparameters
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -65,7 +65,7 @@ FREQUENCIES = (1, 2, 4, 8)
 RULES = ("none", "sqrt", "linear")
 SEEDS = "42,43,44,45,46"  # the comparisons' cells use them all, the others the first 3
 WARMUP = 0.1  # local.yaml's
-EPOCHS = config_loading.load_yaml(ROOT / "local.yaml")["hyperparameters"]["train_length"]["val"]["epochs"]
+EPOCHS = experiment.load_yaml(ROOT / "local.yaml")["hyperparameters"]["train_length"]["val"]["epochs"]
 DEFAULT_BETA2 = Hyperparameters().adam_beta2  # 0.999, as the cluster YAMLs ship it
 # RAdam's forms: as multi_machine.yaml shipped it (10 % linear warm-up on top of the rectifier),
 # without the extra warm-up, and shorter rectifier warm-ups: its step passes half the lr after 556

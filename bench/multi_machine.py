@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import scaling
-from extractive_qa import config_loading
-from extractive_qa.features import EMBEDDED_MODEL, resolve_pretrained
+from extractive_qa.config import experiment
+from extractive_qa.config.model_family import EMBEDDED_MODEL, resolve_pretrained
 from tests.support import det_cluster, det_netns
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,8 +51,8 @@ def small_validation_set(tmp: Path) -> Path:
     return path
 
 
-def experiment(slots: int, agg: int, batches: int, compression: bool, dev: Path) -> tuple[dict, dict]:
-    conf = config_loading.load_yaml(ROOT / "local.yaml")
+def config_for(slots: int, agg: int, batches: int, compression: bool, dev: Path) -> tuple[dict, dict]:
+    conf = experiment.load_yaml(ROOT / "local.yaml")
     conf["data"].update(
         cache_dir=".cache/features",  # per machine
         train_file=str(ROOT / conf["data"]["train_file"]),
@@ -63,7 +63,7 @@ def experiment(slots: int, agg: int, batches: int, compression: bool, dev: Path)
     conf["min_validation_period"] = {"batches": batches}
     conf["scheduling_unit"] = 4
     conf["entrypoint"] = "python3 -m determined.launch.torch_distributed python3 train.py"
-    hp = config_loading.local_hparams(conf)
+    hp = experiment.local_hparams(conf)
     hp["global_batch_size"] = PER_SLOT_BATCH * slots
     hp["train_length"] = {"batches": batches}
     return conf, hp
@@ -177,7 +177,7 @@ def main() -> int:
         tmp = Path(d)
         dev = small_validation_set(tmp)
         for i, (machines, agg, link, compression) in enumerate(plan):
-            conf, hp = experiment(machines, agg, args.batches, compression, dev)
+            conf, hp = config_for(machines, agg, args.batches, compression, dev)
             runs.append(run(tmp / f"run{i}", conf, hp, machines, link))
             print(f"{runs[-1].name}: {runs[-1].state}", file=sys.stderr)
     report = scaling.build_report(runs, "multi-machine")

@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from bench import study
-from extractive_qa import squad_metric
-from extractive_qa.squad_json import load_squad
+from extractive_qa.data.squad_files import load_squad
+from extractive_qa.qa import squad_metric
 from tests.support.cli_result import last_json
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -161,7 +161,7 @@ def overhead(args: argparse.Namespace, result: dict[str, Any]) -> None:
     + the three output files when data.save_predictions is on), side by side on one checkpoint's
     logits, against the whole validation (forward passes included)."""
     import predict
-    from extractive_qa import outputs
+    from extractive_qa.qa import outputs
 
     with tempfile.TemporaryDirectory(prefix="squad2-overhead-") as tmp:
         command = [sys.executable, "train.py", "--config", CONFIG, "--batches", "4"]

@@ -42,10 +42,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from extractive_qa import config_loading, flops, run_plan, squad_json
-from extractive_qa.batching import Collator, FeatureBatchSampler, FeatureDataset, training_batches
-from extractive_qa.features import EMBEDDED_MODEL, Features, WindowSpec, build_features, load_tokenizer
-from extractive_qa.settings import PRECISIONS, Hyperparameters
+from bench import flops
+from extractive_qa.config import experiment, run_plan
+from extractive_qa.config.model_family import EMBEDDED_MODEL
+from extractive_qa.config.settings import PRECISIONS, Hyperparameters, WindowSpec
+from extractive_qa.data import squad_files
+from extractive_qa.data.batching import Collator, FeatureBatchSampler, FeatureDataset, training_batches
+from extractive_qa.data.features import Features, build_features, load_tokenizer
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -158,9 +161,9 @@ class Setup:
         tokenizer = load_tokenizer(EMBEDDED_MODEL)  # the bert-base-uncased vocab
         model_path = model_dir(args.model, tmp, tokenizer)
         conf_path = trial_config(args, model_path, tmp)
-        conf = config_loading.load_yaml(conf_path)
-        plan = run_plan.run_plan(conf, config_loading.local_hparams(conf), 1)
-        squad = squad_json.load_squad(args.train_file, training=True)
+        conf = experiment.load_yaml(conf_path)
+        plan = run_plan.run_plan(conf, experiment.local_hparams(conf), 1)
+        squad = squad_files.load_squad(args.train_file, training=True)
         spec = WindowSpec(args.max_seq_length, args.doc_stride, plan.data.max_query_length)
         features = build_features(squad.examples, tokenizer, spec, labels=True, offsets=False)
         return cls(args, tmp, model_path, conf_path, plan.hparams, features)

@@ -1,24 +1,30 @@
-"""`train.py --dry-run`: the run a cluster would execute, from the YAML alone: no model is loaded;
-the training windows are counted (or read from the feature cache, or estimated) so the plan can
-give batches and optimizer steps, and the warnings come before launch.
-"""
+"""The plan before launch: a config resolved as the master and the trial would resolve it, the
+training windows counted (feature cache, the file itself, or the official file's measured count
+as an estimate), batches, optimizer steps, warm-up, validation and checkpoint points and ASHA
+rungs in steps and samples, and the warnings the measurements behind this project support: too
+few optimizer steps for the scale, RAdam's rectifier acting as a long warm-up, too few steps
+between validations, windows that mostly repeat each other."""
 
 from __future__ import annotations
 
 import argparse
+import time
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from extractive_qa import config_loading, master_mirror, run_plan
-from extractive_qa.plan_checks import count_plan
-from extractive_qa.run_source import from_command_line
-from extractive_qa.scaling_types import ROOT
-from extractive_qa.window_counts import count_training_windows
+from extractive_qa.config import experiment, run_plan
+from extractive_qa.config.experiment import asha_brackets, from_command_line
+from extractive_qa.config.run_plan import Length, RunPlan, batches_per_epoch, optimizer_steps, total_batches
+from extractive_qa.config.settings import DataSettings
+from extractive_qa.files import ROOT
+from extractive_qa.trial.optimization import radam_warning
 
 
 def dry_run(args: argparse.Namespace) -> dict[str, Any]:
     """The plan a cluster would run for --config: slots from the YAML, no model, no data."""
-    conf = config_loading.load_experiment(args.config, args.overrides)
-    slots = master_mirror.slots_of(conf)
+    conf = experiment.load_experiment(args.config, args.overrides)
+    slots = experiment.slots_of(conf)
     source = from_command_line(args, slots)
     plan = run_plan.run_plan(source.exp_conf, source.hparams, source.slots)
     out = describe(plan, source.exp_conf, source.slots)
@@ -75,6 +81,166 @@ def describe(plan: run_plan.RunPlan, conf: dict[str, Any], slots: int) -> dict[s
         },
     }
     if searcher.get("name") == "adaptive_asha" and searcher.get("max_time") is not None:
-        out["asha_brackets"] = master_mirror.asha_brackets(searcher)
+        out["asha_brackets"] = experiment.asha_brackets(searcher)
     return out
 
+
+# --------------------------------------------------------------------------------------------
+# Training windows, counted without training.
+# --------------------------------------------------------------------------------------------
+
+
+# Measured windows of the official training files (BERT's uncased WordPiece, max_seq_length 384,
+# doc_stride 128, max_query_length 64: docs/scaling.md), for a dry run that cannot see the file.
+OFFICIAL_WINDOWS = {("train-v1.1.json", 384, 128, 64): 88_600}
+OFFICIAL_QUESTIONS = {"train-v1.1.json": 87_599, "train-v2.0.json": 130_319}
+
+
+@dataclass(frozen=True)
+class WindowCount:
+    windows: int | None
+    how: str  # "feature cache", "counted", "estimate" or "unknown"
+    note: str = ""
+    questions: int | None = None  # the training questions they come from (when read here)
+
+
+def count_training_windows(data: DataSettings, root: Path) -> WindowCount:
+    """The training windows the run will train on, and how that number was obtained."""
+    from extractive_qa.config.settings import WindowSpec
+    from extractive_qa.data.feature_cache import cache_damage, features_fingerprint, load_features
+    from extractive_qa.data.features import build_features, load_tokenizer
+    from extractive_qa.data.squad_files import OFFICIAL_SHA256, cache_name, default_download_dir, load_squad
+    from extractive_qa.errors import DataError
+
+    spec = WindowSpec(data.max_seq_length, data.doc_stride, data.max_query_length)
+    source = str(data.train_file)
+    name = source.rstrip("/").rsplit("/", 1)[-1]
+    if source.startswith(("http://", "https://")):
+        local = default_download_dir() / cache_name(source, name, OFFICIAL_SHA256.get(name))
+    else:
+        local = Path(source) if Path(source).is_absolute() else root / source
+    estimate = OFFICIAL_WINDOWS.get((name, spec.max_seq_length, spec.doc_stride, spec.max_query_length))
+
+    def fallback(why: str) -> WindowCount:
+        if estimate is not None:
+            note = f"{why}; the count measured on the official file"
+            return WindowCount(estimate, "estimate", note, OFFICIAL_QUESTIONS.get(name))
+        return WindowCount(None, "unknown", f"{why}; the run reports its windows when it starts")
+
+    if not local.is_file():
+        return fallback(f"{source} is not on this machine yet")
+    try:
+        tokenizer = load_tokenizer(data.pretrained_model, local_only=True)
+        squad = load_squad(local, training=True)
+    except (DataError, OSError, ValueError) as err:
+        return fallback(f"cannot window it here ({str(err).splitlines()[0][:120]})")
+    cache_dir = Path(data.cache_dir or default_download_dir() / "features")
+    if not cache_dir.is_absolute():
+        cache_dir = root / cache_dir
+    fingerprint = features_fingerprint(squad, data.pretrained_model, tokenizer, spec, "train")
+    cached = cache_dir / f"train-{fingerprint}"
+    if cached.is_dir() and cache_damage(cached) is None:
+        return WindowCount(len(load_features(cached)), "feature cache", str(cached), len(squad.examples))
+    started = time.perf_counter()
+    windows = len(build_features(squad.examples, tokenizer, spec, labels=True, offsets=False))
+    seconds = time.perf_counter() - started
+    note = f"windowed {len(squad.examples)} questions in {seconds:.1f} s"
+    return WindowCount(windows, "counted", note, len(squad.examples))
+
+
+# --------------------------------------------------------------------------------------------
+# Batches, optimizer steps, validation and checkpoint points, and the warnings.
+# --------------------------------------------------------------------------------------------
+
+
+# docs/scaling.md, "The learning rate follows the batch": with the square-root rule F1 held at 2x
+# (~400 optimizer steps) and fell at 4x / 8x (201 / 100 steps); 8x trained for 4x's steps was
+# level with 4x. Below this, a run above its reference batch is predicted to lose F1.
+STEP_FLOOR = 400
+STEPS_DOC = "docs/scaling.md, section 'The learning rate follows the batch'"
+MIN_STEPS_PER_VALIDATION = 5
+MAX_REPEATED_WINDOW_SHARE = 0.5
+LISTED_POINTS = 12
+
+
+def _points(period: Length | None, per_epoch: int | None, total: int, start: bool) -> dict[str, Any] | None:
+    """Batch indices at which a period fires, with the end of training (Determined's last one)."""
+    every = total_batches(period, per_epoch) if period is not None else None
+    marks = list(range(every, total + 1, every)) if every else []
+    marks = sorted({*([0] if start else []), *marks, total})
+    shown = marks if len(marks) <= LISTED_POINTS else [*marks[: LISTED_POINTS - 1], marks[-1]]
+    return {"count": len(marks), "at_batches": shown, "every_batches": every}
+
+
+def count_plan(plan: RunPlan, conf: dict[str, Any], slots: int, windows: WindowCount) -> dict[str, Any]:
+    """The dry run's counts and warnings for `plan`."""
+    hp, agg = plan.hparams, plan.aggregation_frequency
+    gbs = hp.global_batch_size
+    per_epoch = None if windows.windows is None else batches_per_epoch(windows.windows, gbs // slots, slots)
+    out: dict[str, Any] = {
+        "training_windows": windows.windows,
+        "training_windows_from": windows.how + (f" ({windows.note})" if windows.note else ""),
+        "batches_per_epoch": per_epoch,
+    }
+    total = total_batches(plan.length, per_epoch)
+    warnings: list[str] = []
+    if total is not None:
+        steps = optimizer_steps(total, agg)
+        warmup = int(hp.warmup_ratio * steps)
+        out.update(batches=total, optimizer_steps=steps, warmup_steps=warmup)
+        out["validations"] = _points(plan.validation_period, per_epoch, total, plan.step_zero_validation)
+        if plan.checkpoint_policy != "none" or plan.checkpoint_period is not None:
+            out["checkpoints"] = _points(plan.checkpoint_period, per_epoch, total, False)
+        warnings += _warnings(plan, steps, warmup, out["validations"], windows)
+    searcher = conf.get("searcher") or {}
+    if searcher.get("name") == "adaptive_asha" and searcher.get("max_time") is not None:
+        unit = searcher.get("time_metric", "batches")
+        rungs = []
+        for bracket in asha_brackets(searcher):
+            row = []
+            for rung in bracket:
+                batches = rung if unit == "batches" else (None if per_epoch is None else rung * per_epoch)
+                row.append({
+                    unit: rung,
+                    "optimizer_steps": None if batches is None else optimizer_steps(batches, agg),
+                    "samples": None if batches is None else batches * gbs,
+                })  # fmt: skip
+            rungs.append(row)
+        out["asha_rungs"] = rungs
+    out["warnings"] = warnings
+    return out
+
+
+def _warnings(
+    plan: RunPlan, steps: int, warmup: int, validations: dict[str, Any] | None, windows: WindowCount
+) -> list[str]:
+    hp, agg = plan.hparams, plan.aggregation_frequency
+    samples = hp.global_batch_size * agg
+    found = []
+    reference = hp.reference_batch_size
+    if steps < STEP_FLOOR and reference is not None and samples > reference:
+        found.append(
+            f"{steps} optimizer steps at {samples} samples per step (reference_batch_size "
+            f"{hp.reference_batch_size}): when the learning-rate study scaled the batch up, F1 held "
+            f"with about {STEP_FLOOR}+ steps and fell with fewer ({STEPS_DOC}). Train more epochs "
+            f"(x{-(-STEP_FLOOR // steps)} gives {steps * -(-STEP_FLOOR // steps)} steps) or lower "
+            "global_batch_size / aggregation_frequency."
+        )
+    if (advice := radam_warning(hp, steps, warmup)) is not None:
+        found.append(advice)
+    every = (validations or {}).get("every_batches")
+    if every and every // agg < MIN_STEPS_PER_VALIDATION:
+        found.append(
+            f"min_validation_period is {every} batches = {every // agg} optimizer step(s) at "
+            f"aggregation_frequency {agg}: a validation every few steps costs more than it tells; "
+            f"raise min_validation_period to at least {MIN_STEPS_PER_VALIDATION * agg} batches."
+        )
+    if windows.windows and windows.questions and windows.how != "estimate":
+        repeated = 1 - windows.questions / windows.windows
+        if repeated > MAX_REPEATED_WINDOW_SHARE:
+            found.append(
+                f"{repeated:.0%} of the training windows repeat part of the window before them "
+                f"(data.max_seq_length {plan.data.max_seq_length}, doc_stride {plan.data.doc_stride}): "
+                "each epoch sees much of its text several times. Raise max_seq_length or lower doc_stride."
+            )
+    return found

@@ -1,10 +1,5 @@
-"""The ways of running a scaling series: on a cluster through Determined's SDK, or here.
-
-scaling.py plans the series (`variants`) and computes the report from measured metric reports
-(`build_report`, pure) and imports this module; this one imports only the shared types
-(scaling_types.py). It produces those reports: `launch` + `runs_from_sdk` on a
-cluster, `run_local` with torchrun on this machine (each run's --metrics-out file).
-"""
+"""scaling.py's series of runs: a planned run and what it reported, and the runners -- a
+Determined master through the SDK, or local torchrun processes -- that produce those reports."""
 
 from __future__ import annotations
 
@@ -15,12 +10,51 @@ import re
 import subprocess
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from extractive_qa import config_loading, det_internals, master_mirror
-from extractive_qa.scaling_types import ROOT, STUDY_LABEL, RunInputs, ScalingError, Variant
-from extractive_qa.settings import Hyperparameters
+from extractive_qa import det_internals
+from extractive_qa.config import experiment
+from extractive_qa.config.settings import Hyperparameters
+from extractive_qa.errors import ScalingError
+from extractive_qa.files import ROOT
+
+# --------------------------------------------------------------------------------------------
+# A planned run, and what a run reported.
+# --------------------------------------------------------------------------------------------
+
+
+STUDY_LABEL = "scaling-study"
+
+
+@dataclass
+class Variant:
+    name: str
+    slots: int
+    aggregation: int
+    optimizer: str
+    per_slot_batch: int
+    config: dict[str, Any]
+    learning_rate: float  # the peak the run will use: the config's lr_scaling rule applied
+
+
+@dataclass
+class RunInputs:
+    """What one run reported: the same shape from the master (SDK) or a local metrics file."""
+
+    name: str
+    state: str
+    slots: int
+    global_batch_size: int
+    aggregation: int
+    optimizer: str
+    training: list[tuple[int, float]]  # (steps_completed, end time in seconds)
+    validation: list[tuple[int, float, dict[str, Any]]]
+    error: str | None = None
+    # (steps_completed, metrics) of each training report: the trial's own perf_* (perf_metrics.py)
+    reported: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+
 
 # --------------------------------------------------------------------------------------------
 # Determined's SDK: kept thin (tested with recorded objects).
@@ -46,11 +80,11 @@ def runs_from_sdk(sdk: Any, study: str) -> list[RunInputs]:
     runs = []
     for exp in sdk.list_experiments(labels=[f"study={study}"]):
         conf = exp.config or {}
-        hp, defaults = config_loading.local_hparams(conf), Hyperparameters()
+        hp, defaults = experiment.local_hparams(conf), Hyperparameters()
         common = dict(
-            slots=master_mirror.slots_of(conf),
+            slots=experiment.slots_of(conf),
             global_batch_size=int(hp.get("global_batch_size", defaults.global_batch_size)),
-            aggregation=int((conf.get("optimizations") or {}).get("aggregation_frequency", 1)),
+            aggregation=experiment.aggregation_of(conf),
             optimizer=str(hp.get("optimizer", defaults.optimizer)),
         )
         trials = list(exp.list_trials())
@@ -152,7 +186,7 @@ def torchrun(nproc: int, program: Sequence[str], **env: str) -> tuple[list[str],
 
     --standalone: a local rendezvous on a port the OS picks (no fixed ports). The environment
     drops USE_TORCH_DISTRIBUTED, Determined's switch for torch DDP, which its launcher
-    (determined/launch/torch_distributed.py:81) and local_launch.join_process_group set in their own
+    (determined/launch/torch_distributed.py:81) and launch.join_process_group set in their own
     process: inherited from a caller that ran a trial in-process (a test, a benchmark), it
     would make every one of the new ranks expect a process group the launch has not made yet.
     `env` adds or overrides variables.

@@ -13,15 +13,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT
 
-from extractive_qa import config_loading
+from extractive_qa.config import experiment
+from tests.support.project import ROOT
 
-BASE = config_loading.load_yaml(ROOT / "local.yaml")
+BASE = experiment.load_yaml(ROOT / "local.yaml")
+
+
+# --------------------------------------------------------------------------------------------
+# Configs: each probe a change to local.yaml, refused by the dry run or the run.
+# --------------------------------------------------------------------------------------------
 
 
 def asha(**searcher: Any) -> dict[str, Any]:
-    conf = config_loading.load_yaml(ROOT / "search.yaml")
+    conf = experiment.load_yaml(ROOT / "search.yaml")
     conf["searcher"].update(searcher)
     return conf
 
@@ -244,7 +249,7 @@ def _planted_copy(checkpoint: Path, tmp: Path, name: str) -> tuple[Path, Path]:
 def test_a_planted_checkpoint_is_refused_before_anything_is_unpickled(
     name: str, trained, tmp_path: Path
 ) -> None:
-    from conftest import run_train
+    from tests.support.project import run_train
 
     checkpoint, _ = trained
     planted, marker = _planted_copy(checkpoint, tmp_path, name)
@@ -260,7 +265,7 @@ def test_a_planted_checkpoint_is_refused_before_anything_is_unpickled(
 def test_a_checkpoint_dir_inside_the_upload_is_refused_before_training(tmp_path: Path) -> None:
     import shutil
 
-    from conftest import run_train
+    from tests.support.project import run_train
 
     inside = ROOT / "my-checkpoints"
     try:
@@ -272,7 +277,7 @@ def test_a_checkpoint_dir_inside_the_upload_is_refused_before_training(tmp_path:
 
 
 def test_outputs_that_cannot_be_written_are_refused_before_training(tmp_path: Path) -> None:
-    from conftest import run_train
+    from tests.support.project import run_train
 
     code, _, err = run_train(
         ["--batches", "1", "--metrics-out", str(tmp_path), "--checkpoint-dir", str(tmp_path / "c")]
@@ -295,7 +300,7 @@ def test_outputs_that_cannot_be_written_are_refused_before_training(tmp_path: Pa
 
 
 def test_partial_checkpoints_are_named_and_the_storage_is_not_world_writable(tmp_path: Path, caplog) -> None:
-    from extractive_qa.checkpoints import prepare_local_storage
+    from extractive_qa.trial.checkpoints import prepare_local_storage
 
     base = tmp_path / "c" / "determined"
     base.mkdir(parents=True, mode=0o777)
@@ -308,11 +313,11 @@ def test_partial_checkpoints_are_named_and_the_storage_is_not_world_writable(tmp
 
 
 def test_stale_feature_cache_temp_dirs_are_removed_under_the_lock(tokenizer, tmp_path: Path) -> None:
-    from conftest import DEV_V1
-
-    from extractive_qa.feature_cache import features_fingerprint, prepare_features
-    from extractive_qa.features import EMBEDDED_MODEL, WindowSpec
-    from extractive_qa.squad_json import load_squad
+    from extractive_qa.config.model_family import EMBEDDED_MODEL
+    from extractive_qa.config.settings import WindowSpec
+    from extractive_qa.data.feature_cache import features_fingerprint, prepare_features
+    from extractive_qa.data.squad_files import load_squad
+    from tests.support.project import DEV_V1
 
     squad = load_squad(DEV_V1, training=False)
     spec = WindowSpec(128, 32, 32)
@@ -333,24 +338,23 @@ def _cli(*args: str) -> tuple[int, str, str]:
 
 
 def test_the_scoring_cli_warns_per_missing_id_and_refuses_foreign_predictions(tmp_path: Path) -> None:
-    from conftest import DEV_V1, DEV_V2
-
-    from extractive_qa.squad_json import load_squad
+    from extractive_qa.data.squad_files import load_squad
+    from tests.support.project import DEV_V1, DEV_V2
 
     ids = [ex.id for ex in load_squad(DEV_V1, training=False).examples]
     foreign = tmp_path / "foreign.json"
     foreign.write_text(json.dumps({f"x{i}": "a" for i in range(810)}))
-    code, out, err = _cli("-m", "extractive_qa.squad_metric", str(DEV_V1), str(foreign))
+    code, out, err = _cli("-m", "extractive_qa.qa.squad_metric", str(DEV_V1), str(foreign))
     assert code == 2 and "none of its 810 ids" in err and out == ""
     half = tmp_path / "half.json"
     v2_ids = [ex.id for ex in load_squad(DEV_V2, training=False).examples]
     half.write_text(json.dumps({i: "" for i in v2_ids[: len(v2_ids) // 2]}))
-    code, out, err = _cli("-m", "extractive_qa.squad_metric", str(DEV_V2), str(half))
+    code, out, err = _cli("-m", "extractive_qa.qa.squad_metric", str(DEV_V2), str(half))
     assert code == 0 and err.count("Missing prediction for") == len(v2_ids) - len(v2_ids) // 2
     assert "over the answered questions only" in err
     some = tmp_path / "some.json"
     some.write_text(json.dumps({i: "" for i in ids[:10]}))
-    code, _, err = _cli("-m", "extractive_qa.squad_metric", str(DEV_V1), str(some))
+    code, _, err = _cli("-m", "extractive_qa.qa.squad_metric", str(DEV_V1), str(some))
     assert code == 0 and "counts each missing one as wrong" in err
 
 
@@ -389,8 +393,8 @@ def test_predict_checks_its_inputs_and_outputs_before_any_work(trained, tmp_path
 
 
 def test_the_key_lists_are_the_masters_schemas() -> None:
-    """config_checks' key lists equal Determined 0.38's experiment-config schemas."""
-    from extractive_qa.config_checks import SEARCHER_KEYS, SECTION_KEYS, TOP_LEVEL_KEYS
+    """schema's key lists equal Determined 0.38's experiment-config schemas."""
+    from extractive_qa.config.schema import SEARCHER_KEYS, SECTION_KEYS, TOP_LEVEL_KEYS
 
     schemas = ROOT.parent / "shared" / "determined-expconf"
     if not schemas.is_dir():

@@ -8,8 +8,8 @@ from itertools import combinations
 import numpy as np
 import pytest
 
-from extractive_qa.batching import Collator, FeatureBatchSampler, evaluation_batches
-from extractive_qa.settings import BATCHINGS
+from extractive_qa.config.settings import BATCHINGS
+from extractive_qa.data.batching import Collator, FeatureBatchSampler, evaluation_batches
 
 BATCHINGS = BATCHINGS
 

@@ -1,14 +1,20 @@
-"""Typed, frozen settings: every hyperparameters.* / data.* value is checked where the config is read."""
+"""A config -> a checked run plan: typed, frozen settings (every hyperparameters.* / data.* value
+checked where the config is read), `--set` overrides, and the shipped YAMLs as the master checks them."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
+import sys
 
 import pytest
 
-from extractive_qa import dry_run, run_plan
-from extractive_qa.settings import ConfigError, DataSettings, Hyperparameters
+from extractive_qa import dry_run
+from extractive_qa.config import experiment, run_plan
+from extractive_qa.config.settings import DataSettings, Hyperparameters
+from extractive_qa.errors import ConfigError
+from tests.support.project import ROOT
 
 FILES = {"train_file": "a.json", "validation_file": "b.json"}
 LENGTH = {"train_length": {"epochs": 1}}
@@ -130,3 +136,45 @@ def test_learning_rate_follows_samples_per_optimizer_step(
     assert described["learning_rate"] == plan.learning_rate
     assert (described["reference_learning_rate"], described["lr_scaling"]) == (2e-4, rule)
     assert described["samples_per_optimizer_step"] == 8 * aggregation
+
+
+def test_set_overrides_parse_values() -> None:
+    conf = experiment.apply_overrides(
+        {"data": {}},
+        [
+            "hyperparameters.learning_rate=2e-4",
+            "data.squad_version=2.0",
+            "data.pretrained_model=x1",
+            "min_validation_period.batches=3",
+        ],
+    )
+    assert conf["hyperparameters"]["learning_rate"] == {"type": "const", "val": 2e-4}
+    assert conf["data"] == {"squad_version": 2.0, "pretrained_model": "x1"}
+    assert conf["min_validation_period"] == {"batches": 3}
+    with pytest.raises(ConfigError, match="dotted.key=value"):
+        experiment.apply_overrides({}, ["novalue"])
+
+
+def test_one_function_maps_config_to_init_and_fit() -> None:
+    conf = experiment.load_yaml(ROOT / "multi_machine.yaml")
+    plan = run_plan.run_plan(conf, experiment.local_hparams(conf), experiment.slots_of(conf))
+    assert plan.aggregation_frequency == conf["optimizations"]["aggregation_frequency"] >= 2
+    assert plan.hparams.optimizer == "radam"
+    kw = plan.fit_kwargs(latest_checkpoint="abc")
+    assert kw["latest_checkpoint"] == "abc" and kw["max_length"].value == plan.length.value
+    asha = experiment.load_yaml(ROOT / "search.yaml")
+    plan = run_plan.run_plan(asha, experiment.local_hparams(asha), experiment.slots_of(asha))
+    assert (plan.length.unit, plan.length.value) == (
+        asha["searcher"]["time_metric"],
+        asha["searcher"]["max_time"],
+    )
+
+
+def test_every_yaml_passes_determineds_schema() -> None:
+    checker = ROOT.parent / "shared" / "tools" / "expconf_check.py"
+    if not checker.exists():
+        pytest.skip("../shared/tools/expconf_check.py is not beside this checkout")
+    yamls = sorted(str(p) for p in ROOT.glob("*.yaml"))
+    assert len(yamls) >= 5
+    out = subprocess.run([sys.executable, str(checker), *yamls], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr

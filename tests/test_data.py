@@ -10,11 +10,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import DATA, DEV_V1, DEV_V2, TRAIN_V1, last_json
 
 import data
-from extractive_qa import feature_cache, squad_json, squad_metric, squad_sources
-from extractive_qa.features import EMBEDDED_MODEL, WindowSpec, build_features, load_tokenizer
+from extractive_qa.config.model_family import EMBEDDED_MODEL
+from extractive_qa.config.settings import WindowSpec
+from extractive_qa.data import feature_cache, squad_files
+from extractive_qa.data.features import build_features, load_tokenizer
+from extractive_qa.errors import DataError
+from extractive_qa.qa import squad_metric
+from tests.support.cli_result import last_json
+from tests.support.project import DATA, DEV_V1, DEV_V2, TRAIN_V1
 from tests.support.reference_features import compare, standard_recipe
 
 LOCAL_TRAIN = DATA / "local-train-v1.1.json"
@@ -37,7 +42,7 @@ def _labelled_span_matches(examples, tokenizer, spec) -> tuple[int, list[str]]:
 
 @pytest.mark.parametrize("path", [TRAIN_V1, LOCAL_TRAIN, DEV_V2])
 def test_labelled_spans_decode_to_the_answer(path: Path, tokenizer) -> None:
-    squad = squad_json.load_squad(path, training=True)
+    squad = squad_files.load_squad(path, training=True)
     checked, bad = _labelled_span_matches(squad.examples, tokenizer, WindowSpec(384, 128, 64))
     assert checked > 250
     assert len(bad) <= 0.005 * checked, "\n".join(bad)
@@ -46,7 +51,7 @@ def test_labelled_spans_decode_to_the_answer(path: Path, tokenizer) -> None:
 def test_sub_word_answers_are_covered_by_their_token_span(tokenizer) -> None:
     # The dev article has answers that are parts of words ("gold" in "golden", "8" in "18"):
     # no token span isolates them, but the labelled span must still contain the answer.
-    squad = squad_json.load_squad(DEV_V1, training=True)
+    squad = squad_files.load_squad(DEV_V1, training=True)
     checked, bad = _labelled_span_matches(squad.examples, tokenizer, WindowSpec(384, 128, 64))
     assert len(bad) <= 0.03 * checked, "\n".join(bad)
     for line in bad:
@@ -55,7 +60,7 @@ def test_sub_word_answers_are_covered_by_their_token_span(tokenizer) -> None:
 
 
 def test_short_windows_label_every_window_and_cls_elsewhere(tokenizer) -> None:
-    squad = squad_json.load_squad(TRAIN_V1, training=True)
+    squad = squad_files.load_squad(TRAIN_V1, training=True)
     spec = WindowSpec(96, 24, 32)  # many windows per example
     f = build_features(squad.examples, tokenizer, spec, labels=True, offsets=True)
     assert len(f) > 2 * len(squad.examples)
@@ -67,7 +72,7 @@ def test_short_windows_label_every_window_and_cls_elsewhere(tokenizer) -> None:
 
 
 def test_features_identical_to_the_standard_recipe(tokenizer) -> None:
-    squad = squad_json.load_squad(TRAIN_V1, training=True)
+    squad = squad_files.load_squad(TRAIN_V1, training=True)
     for spec in (WindowSpec(384, 128, 64), WindowSpec(128, 32, 32)):
         ours = build_features(squad.examples, tokenizer, spec, labels=True, offsets=False)
         assert compare(ours, standard_recipe(squad.examples, tokenizer, spec)) == []
@@ -79,7 +84,7 @@ def test_long_question_long_context_and_non_ascii(tokenizer) -> None:
     context = ("Zürich’s café — “naïve” façade, 東京 and Ελλάδα. " * 60) + "The answer is Ödön."
     question = "Where " + "really " * 120 + "is it?"
     start = context.index("Ödön")
-    ex = squad_json.Example("q1", question, context, [{"text": "Ödön", "answer_start": start}])
+    ex = squad_files.Example("q1", question, context, [{"text": "Ödön", "answer_start": start}])
     spec = WindowSpec(128, 48, 64)
     f = build_features([ex], tokenizer, spec, labels=True, offsets=True)
     assert len(f) > 5 and (f.lengths <= 128).all()
@@ -91,7 +96,7 @@ def test_long_question_long_context_and_non_ascii(tokenizer) -> None:
 
 
 def test_window_spec_rejects_a_stride_longer_than_the_window() -> None:
-    with pytest.raises(squad_sources.DataError, match="doc_stride"):
+    with pytest.raises(DataError, match="doc_stride"):
         WindowSpec(100, 60, 64).check()
 
 
@@ -128,8 +133,8 @@ def test_bad_files_get_a_clear_error(name: str, tmp_path: Path) -> None:
     raw, message = BAD_FILES[name]
     path = tmp_path / f"{name}.json"
     path.write_bytes(raw)
-    with pytest.raises(squad_sources.DataError, match=message) as err:
-        squad_json.load_squad(path, training=False)
+    with pytest.raises(DataError, match=message) as err:
+        squad_files.load_squad(path, training=False)
     assert str(path) in str(err.value)
 
 
@@ -138,8 +143,8 @@ def test_bad_documents_name_the_place(name: str, tmp_path: Path) -> None:
     doc, message = BAD_DOCS[name]
     path = tmp_path / "bad.json"
     path.write_text(json.dumps(doc))
-    with pytest.raises(squad_sources.DataError, match=message) as err:
-        squad_json.load_squad(path, training=False)
+    with pytest.raises(DataError, match=message) as err:
+        squad_files.load_squad(path, training=False)
     assert str(path) in str(err.value) and "article 0" in str(err.value)
 
 
@@ -147,19 +152,19 @@ def test_training_skips_and_reports_answers_not_in_the_context(tmp_path: Path) -
     moved = {**QA, "id": "b", "answers": [{"text": "Paris", "answer_start": 3}]}
     path = tmp_path / "t.json"
     path.write_text(json.dumps(_squad([QA, moved])))
-    train = squad_json.load_squad(path, training=True)
+    train = squad_files.load_squad(path, training=True)
     assert [e.id for e in train.examples] == ["a"] and train.skipped == ["b"]
-    assert len(squad_json.load_squad(path, training=False).examples) == 2  # evaluation keeps all
+    assert len(squad_files.load_squad(path, training=False).examples) == 2  # evaluation keeps all
 
 
 def test_versions_detected_and_missing_version_key_is_fine() -> None:
-    assert squad_json.load_squad(TRAIN_V1, training=True).version == "1.1"  # no "version" key
-    v2 = squad_json.load_squad(DEV_V2, training=False)
+    assert squad_files.load_squad(TRAIN_V1, training=True).version == "1.1"  # no "version" key
+    v2 = squad_files.load_squad(DEV_V2, training=False)
     assert v2.version == "2.0" and sum(e.is_impossible for e in v2.examples) == 702
 
 
 def test_cache_roundtrip_and_fingerprint(tokenizer, tiny_bert, tmp_path: Path) -> None:
-    squad = squad_json.load_squad(TRAIN_V1, training=True)
+    squad = squad_files.load_squad(TRAIN_V1, training=True)
     spec = WindowSpec(128, 32, 32)
     f1, state1 = feature_cache.prepare_features(squad, tokenizer, "m", spec, "train", tmp_path)
     f2, state2 = feature_cache.prepare_features(squad, tokenizer, "m", spec, "train", tmp_path)
@@ -168,7 +173,7 @@ def test_cache_roundtrip_and_fingerprint(tokenizer, tiny_bert, tmp_path: Path) -
     for name in ("input_ids", "lengths", "start_positions", "token_type_ids"):
         assert np.array_equal(getattr(f1, name), getattr(f2, name))
     base = feature_cache.features_fingerprint(squad, "m", tokenizer, spec, "train")
-    other_file = squad_json.load_squad(DEV_V1, training=True)
+    other_file = squad_files.load_squad(DEV_V1, training=True)
     other_tok = load_tokenizer(str(tiny_bert))
     other_tok.add_tokens(["zzzqqq"])  # a different vocabulary
     variants = [
@@ -206,23 +211,23 @@ def test_download_verifies_the_official_digest(http_dir, tmp_path: Path) -> None
     root, url = http_dir
     (root / "dev-v1.1.json").write_bytes(DEV_V1.read_bytes())  # not the full official file
     dest = tmp_path / "dl"
-    with pytest.raises(squad_sources.DataError, match="expected 95aa6a52"):
-        squad_sources.resolve_source(f"{url}/dev-v1.1.json", dest)
+    with pytest.raises(DataError, match="expected 95aa6a52"):
+        squad_files.resolve_source(f"{url}/dev-v1.1.json", dest)
     assert not (dest / "dev-v1.1.json").exists() and not list(dest.glob(".dev*"))
     (root / "mine.json").write_bytes(DEV_V1.read_bytes())  # a name with no pinned digest
-    path = squad_sources.resolve_source(f"{url}/mine.json", dest)
+    path = squad_files.resolve_source(f"{url}/mine.json", dest)
     assert path.read_bytes() == DEV_V1.read_bytes()
-    assert squad_json.load_squad(f"{url}/mine.json", training=False, download_dir=dest).examples
+    assert squad_files.load_squad(f"{url}/mine.json", training=False, download_dir=dest).examples
 
 
 def test_offline_download_says_where_to_put_the_file(tmp_path: Path) -> None:
-    with pytest.raises(squad_sources.DataError, match="copy the file to .*train-v1.1.json"):
-        squad_sources.resolve_source("http://127.0.0.1:9/train-v1.1.json", tmp_path)
+    with pytest.raises(DataError, match="copy the file to .*train-v1.1.json"):
+        squad_files.resolve_source("http://127.0.0.1:9/train-v1.1.json", tmp_path)
 
 
 def test_missing_local_file(tmp_path: Path) -> None:
-    with pytest.raises(squad_sources.DataError, match="no such file"):
-        squad_sources.resolve_source(tmp_path / "nope.json")
+    with pytest.raises(DataError, match="no such file"):
+        squad_files.resolve_source(tmp_path / "nope.json")
 
 
 def test_cli_prints_json_last_and_fails_cleanly(tiny_bert, tmp_path: Path, capsys) -> None:
@@ -255,7 +260,7 @@ def test_cli_prints_json_last_and_fails_cleanly(tiny_bert, tmp_path: Path, capsy
 
 @pytest.mark.parametrize("damage", ["truncate", "drop_file", "shape_mismatch"])
 def test_damaged_cache_is_detected_and_rebuilt(damage: str, tokenizer, tmp_path: Path, caplog) -> None:
-    squad = squad_json.load_squad(TRAIN_V1, training=True)
+    squad = squad_files.load_squad(TRAIN_V1, training=True)
     spec = WindowSpec(128, 32, 32)
     mapped, _ = feature_cache.prepare_features(squad, tokenizer, "m", spec, "train", tmp_path)
     good = np.array(mapped.input_ids)  # a copy: the map itself dies with the file's bytes
@@ -278,7 +283,7 @@ def test_damaged_cache_is_detected_and_rebuilt(damage: str, tokenizer, tmp_path:
 
 
 def test_data_cli_rebuilds_a_truncated_cache(tmp_path: Path) -> None:
-    from conftest import run_cli
+    from tests.support.project import run_cli
 
     args = ["data.py", "--squad", str(TRAIN_V1), "--tokenizer", EMBEDDED_MODEL, "--split", "train"]
     args += ["--cache-dir", str(tmp_path)]
@@ -299,11 +304,11 @@ def test_two_urls_with_the_same_file_name_get_their_own_download(http_dir, tmp_p
     (root / "a" / "custom.json").write_bytes(DEV_V1.read_bytes())
     (root / "b" / "custom.json").write_bytes(DEV_V2.read_bytes())
     dest = tmp_path / "dl"
-    first = squad_sources.resolve_source(f"{url}/a/custom.json", dest)
-    second = squad_sources.resolve_source(f"{url}/b/custom.json", dest)
+    first = squad_files.resolve_source(f"{url}/a/custom.json", dest)
+    second = squad_files.resolve_source(f"{url}/b/custom.json", dest)
     assert first != second
     assert first.read_bytes() == DEV_V1.read_bytes() and second.read_bytes() == DEV_V2.read_bytes()
-    assert squad_sources.resolve_source(f"{url}/a/custom.json", dest) == first  # and reused
+    assert squad_files.resolve_source(f"{url}/a/custom.json", dest) == first  # and reused
 
 
 @pytest.mark.parametrize(
@@ -314,6 +319,6 @@ def test_two_urls_with_the_same_file_name_get_their_own_download(http_dir, tmp_p
 def test_hostile_json_is_a_named_error(text: str, needle: str, tmp_path: Path) -> None:
     path = tmp_path / "hostile.json"
     path.write_text(text)
-    with pytest.raises(squad_sources.DataError, match=needle) as err:
-        squad_json.load_squad(path, training=False)
+    with pytest.raises(DataError, match=needle) as err:
+        squad_files.load_squad(path, training=False)
     assert str(path) in str(err.value)

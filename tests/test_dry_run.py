@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, run_cli, run_train, tiny_config, write_yaml
 
-from extractive_qa import config_loading, master_mirror
-from extractive_qa.optimization import OPTIMIZER_RECIPES, linear_warmup_decay
-from extractive_qa.plan_checks import STEP_FLOOR
+from extractive_qa.config import experiment
+from extractive_qa.dry_run import STEP_FLOOR
+from extractive_qa.trial.optimization import OPTIMIZER_RECIPES, linear_warmup_decay
+from tests.support.project import ROOT, run_cli, run_train, tiny_config, write_yaml
 
 
 def dry(config: Path, *extra: str) -> dict[str, Any]:
@@ -67,9 +67,9 @@ def test_the_counts_match_the_emulated_cluster(tiny_bert: Path, tmp_path: Path) 
     conf = epoch_config(tiny_bert, tmp_path)
     conf["hyperparameters"]["train_length"]["val"] = {"epochs": 1}
     plan = dry(write_yaml(conf, tmp_path / "exp.yaml"))
-    hp = config_loading.local_hparams(conf)
+    hp = experiment.local_hparams(conf)
     with det_cluster.emulated_cluster(tmp_path) as cluster:
-        record = cluster.run_trial(master_mirror.with_master_defaults(conf), hp, timeout=400)
+        record = cluster.run_trial(experiment.with_master_defaults(conf), hp, timeout=400)
         assert record.exit_codes == [0], record.failures()
         validated = [v["steps_completed"] for v in cluster.master.validations()]
     assert validated == plan["validations"]["at_batches"]
@@ -109,10 +109,10 @@ def test_each_warning_fires_on_a_config_made_to_trip_it(overrides: list[str], ne
 def test_the_scaling_series_takes_each_optimizers_recipe() -> None:
     import scaling
 
-    base = config_loading.load_yaml(ROOT / "distributed.yaml")
+    base = experiment.load_yaml(ROOT / "distributed.yaml")
     series = {v.optimizer: v for v in scaling.variants(base, [8], [1], ["adamw", "radam", "lamb"], "t")}
     radam = series["radam"].config["hyperparameters"]
-    shipped = config_loading.load_yaml(ROOT / "multi_machine.yaml")["hyperparameters"]
+    shipped = experiment.load_yaml(ROOT / "multi_machine.yaml")["hyperparameters"]
     for key, value in OPTIMIZER_RECIPES["radam"].items():
         assert radam[key] == value == shipped[key], key
     adamw = series["adamw"]
@@ -122,7 +122,7 @@ def test_the_scaling_series_takes_each_optimizers_recipe() -> None:
 
 
 def test_every_trial_of_the_search_meets_a_rung_having_seen_the_same_samples() -> None:
-    conf = config_loading.load_yaml(ROOT / "search.yaml")
+    conf = experiment.load_yaml(ROOT / "search.yaml")
     hparams = conf["hyperparameters"]
     searched = {n for n, s in hparams.items() if isinstance(s, dict) and s.get("type") != "const"}
     assert "global_batch_size" not in searched  # the samples per batch are the same for every trial

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from extractive_qa import squad_json
-from extractive_qa.answers import extract_answers
-from extractive_qa.features import Features
+from extractive_qa.data import squad_files
+from extractive_qa.data.features import Features
+from extractive_qa.qa.answers import extract_answers
 from tests.support.reference_extraction import loop_extract, setup
 
 CONTEXT = "alpha beta gamma delta epsilon zeta eta theta"
 
 
-def _two_windows() -> tuple[list[squad_json.Example], Features]:
+def _two_windows() -> tuple[list[squad_files.Example], Features]:
     """One example, two windows over its 8 words; context tokens at positions 2.. of each."""
     words = CONTEXT.split()
     starts = [sum(len(w) + 1 for w in words[:i]) for i in range(len(words))]
@@ -28,7 +28,7 @@ def _two_windows() -> tuple[list[squad_json.Example], Features]:
         example_index=np.zeros(2, np.int32),
         offsets=offsets,
     )
-    return [squad_json.Example("q", "?", CONTEXT, [])], f
+    return [squad_files.Example("q", "?", CONTEXT, [])], f
 
 
 def _logits(pairs: dict[tuple[int, int], float], fill: float = -5.0) -> np.ndarray:

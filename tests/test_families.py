@@ -13,12 +13,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import DEV_V1, DEV_V2, ROOT, TRAIN_V1, last_json, run_cli, run_train, tiny_config, write_yaml
 
 from extractive_qa import compat
-from extractive_qa.features import WindowSpec, build_features, load_tokenizer
-from extractive_qa.squad_json import Example, load_squad
+from extractive_qa.config.settings import WindowSpec
+from extractive_qa.data.features import build_features, load_tokenizer
+from extractive_qa.data.squad_files import Example, load_squad
+from tests.support.cli_result import last_json
 from tests.support.families import FAMILIES, build
+from tests.support.project import DEV_V1, DEV_V2, ROOT, TRAIN_V1, run_cli, run_train, tiny_config, write_yaml
 from tests.support.reference_features import standard_recipe
 
 # Long enough that no question is cut (the standard recipe never cuts one; tiny vocabularies
@@ -123,7 +125,7 @@ def test_each_family_trains_resumes_exports_and_answers(family: tuple[str, Path]
     assert settings["pretrained_model"] == str(path)
     preds = tmp_path / "preds.json"
     run_cli(["predict.py", "--checkpoint", str(checkpoint), "--squad", str(DEV_V1), "--out", str(preds)])
-    scored = run_cli(["-m", "extractive_qa.squad_metric", str(DEV_V1), str(preds)])
+    scored = run_cli(["-m", "extractive_qa.qa.squad_metric", str(DEV_V1), str(preds)])
     assert (scored["exact_match"], scored["f1"]) == (result["exact_match"], result["f1"]), name
     answer = run_cli(
         [

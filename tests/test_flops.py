@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from extractive_qa import flops
+from bench import flops
 
 
 @pytest.mark.parametrize("width", [64, 256])

@@ -8,10 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import DEV_V1, DEV_V2, ROOT, last_json
 
-from extractive_qa import squad_json
-from extractive_qa import squad_metric as m
+from extractive_qa.data import squad_files
+from extractive_qa.qa import squad_metric
+from tests.support.cli_result import last_json
+from tests.support.project import DEV_V1, DEV_V2, ROOT
 
 
 @pytest.mark.parametrize(
@@ -26,37 +27,38 @@ from extractive_qa import squad_metric as m
     ],
 )
 def test_normalize(text: str, normal: str) -> None:
-    assert m.normalize_answer(text) == normal
+    assert squad_metric.normalize_answer(text) == normal
 
 
 def test_f1_and_em_by_hand() -> None:
-    assert m.exact_score("the Denver Broncos", "Denver Broncos!") == 1.0
+    assert squad_metric.exact_score("the Denver Broncos", "Denver Broncos!") == 1.0
     # pred {denver, broncos, team}, gold {broncos}: p=1/3 r=1 -> 0.5
-    assert m.f1_score("Denver Broncos team", "Broncos") == pytest.approx(0.5)
-    assert m.f1_score("x b b", "b b c") == pytest.approx(2 / 3)  # counts matter
-    assert m.f1_score("a b b", "b b c") == pytest.approx(0.8)  # "a" is dropped
-    assert m.f1_score("", "Broncos") == 0.0
+    assert squad_metric.f1_score("Denver Broncos team", "Broncos") == pytest.approx(0.5)
+    assert squad_metric.f1_score("x b b", "b b c") == pytest.approx(2 / 3)  # counts matter
+    assert squad_metric.f1_score("a b b", "b b c") == pytest.approx(0.8)  # "a" is dropped
+    assert squad_metric.f1_score("", "Broncos") == 0.0
 
 
 def test_empty_answer_rules_differ_by_version() -> None:
-    assert m.f1_score("", "", "2.0") == 1.0  # v2.0: both empty match
-    assert m.f1_score("x", "", "2.0") == 0.0
-    assert m.f1_score("", "the", "1.1") == 0.0  # v1.1 has no such rule
+    assert squad_metric.f1_score("", "", "2.0") == 1.0  # v2.0: both empty match
+    assert squad_metric.f1_score("x", "", "2.0") == 0.0
+    assert squad_metric.f1_score("", "the", "1.1") == 0.0  # v1.1 has no such rule
 
 
-def _ex(qid: str, answers: list[str]) -> squad_json.Example:
-    return squad_json.Example(qid, "q", "ctx", [{"text": t, "answer_start": 0} for t in answers], not answers)
+def _ex(qid: str, answers: list[str]) -> squad_files.Example:
+    gold = [{"text": t, "answer_start": 0} for t in answers]
+    return squad_files.Example(qid, "q", "ctx", gold, not answers)
 
 
 def test_v1_max_over_references_and_missing_prediction() -> None:
     examples = [_ex("1", ["Denver Broncos", "Broncos"]), _ex("2", ["Santa Clara"])]
-    scores = m.score(examples, {"1": "Broncos"}, "1.1")
+    scores = squad_metric.score(examples, {"1": "Broncos"}, "1.1")
     assert scores == {"exact_match": 50.0, "f1": 50.0}  # missing "2" counts as 0
 
 
 def test_v2_breakdown() -> None:
     examples = [_ex("1", ["Normandy"]), _ex("2", []), _ex("3", [])]
-    scores = m.score(examples, {"1": "Normandy region", "2": "", "3": "France"}, "2.0")
+    scores = squad_metric.score(examples, {"1": "Normandy region", "2": "", "3": "France"}, "2.0")
     assert scores["HasAns_total"] == 1 and scores["NoAns_total"] == 2 and scores["total"] == 3
     assert scores["HasAns_f1"] == pytest.approx(100 * 2 / 3)
     assert scores["NoAns_exact"] == 50.0
@@ -66,13 +68,13 @@ def test_v2_breakdown() -> None:
 
 @pytest.mark.parametrize("path, version", [(DEV_V1, "1.1"), (DEV_V2, "2.0")])
 def test_cli_round_trip(path: Path, version: str, tmp_path: Path) -> None:
-    squad = squad_json.load_squad(path, training=False)
+    squad = squad_files.load_squad(path, training=False)
     # Perfect predictions score 100; dropping every other one halves v1.1 EM.
     perfect = {e.id: (e.answers[0]["text"] if e.answers else "") for e in squad.examples}
     preds = tmp_path / "p.json"
     preds.write_text(json.dumps(perfect))
     out = subprocess.run(
-        [sys.executable, "-m", "extractive_qa.squad_metric", str(path), str(preds)],
+        [sys.executable, "-m", "extractive_qa.qa.squad_metric", str(path), str(preds)],
         capture_output=True,
         text=True,
         check=True,
@@ -84,14 +86,14 @@ def test_cli_round_trip(path: Path, version: str, tmp_path: Path) -> None:
     if version == "2.0":
         assert result["HasAns_total"] == 705 and result["NoAns_total"] == 702
     wrong = {k: ("no idea" if i % 2 else v) for i, (k, v) in enumerate(perfect.items())}
-    assert m.score(squad.examples, wrong, version)[key] < 60
+    assert squad_metric.score(squad.examples, wrong, version)[key] < 60
 
 
 def test_cli_bad_predictions(tmp_path: Path) -> None:
     preds = tmp_path / "p.json"
     preds.write_text("[1, 2]")
     out = subprocess.run(
-        [sys.executable, "-m", "extractive_qa.squad_metric", str(DEV_V1), str(preds)],
+        [sys.executable, "-m", "extractive_qa.qa.squad_metric", str(DEV_V1), str(preds)],
         capture_output=True,
         text=True,
     )

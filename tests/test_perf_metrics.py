@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from extractive_qa import perf_metrics
+from extractive_qa.trial import perf_metrics
 
 
 def window(wait_s: float, step_s: float, mask: torch.Tensor, batches: int) -> tuple:

@@ -10,7 +10,8 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT
+
+from tests.support.project import ROOT
 
 README = ROOT / "README.md"
 

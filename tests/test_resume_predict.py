@@ -9,9 +9,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import DEV_V1, ROOT, last_json, run_cli, run_train, tiny_config, write_yaml
+import torch
 
-from extractive_qa import callbacks, squad_json
+from extractive_qa.data import squad_files
+from extractive_qa.trial import callbacks
+from tests.support.cli_result import last_json
+from tests.support.project import DEV_V1, ROOT, run_cli, run_train, tiny_config, write_yaml
 
 
 def _checkpoints(root: Path) -> dict[int, Path]:
@@ -128,7 +131,7 @@ def test_batch_predictions_score_equal_to_the_trials_validation(trained, tmp_pat
     ckpt, result = trained
     preds = tmp_path / "p.json"
     run_cli(["predict.py", "--checkpoint", str(ckpt / "hf"), "--squad", str(DEV_V1), "--out", str(preds)])
-    metrics = run_cli(["-m", "extractive_qa.squad_metric", str(DEV_V1), str(preds)])
+    metrics = run_cli(["-m", "extractive_qa.qa.squad_metric", str(DEV_V1), str(preds)])
     assert metrics["exact_match"] == result["exact_match"] and metrics["f1"] == result["f1"]
 
 
@@ -148,10 +151,10 @@ def test_bf16_predictions_score_equal_to_the_trials_validation(tiny_bert: Path, 
     assert json.loads((hf / "qa_settings.json").read_text())["precision"] == "bf16"
     preds = tmp_path / "p.json"
     run_cli(["predict.py", "--checkpoint", str(hf), "--squad", str(DEV_V1), "--out", str(preds)])
-    metrics = run_cli(["-m", "extractive_qa.squad_metric", str(DEV_V1), str(preds)])
+    metrics = run_cli(["-m", "extractive_qa.qa.squad_metric", str(DEV_V1), str(preds)])
     assert metrics["exact_match"] == result["exact_match"] and metrics["f1"] == result["f1"]
     # The precision is what makes the difference: fp32 logits of the same weights differ.
-    examples = squad_json.load_squad(DEV_V1, training=False).examples[:20]
+    examples = squad_files.load_squad(DEV_V1, training=False).examples[:20]
     logits = {}
     for precision in ("bf16", "fp32"):
         predictor = predict.Predictor(str(hf), "cpu", precision=precision)
@@ -237,3 +240,36 @@ def test_run_log_counts_steps_before_the_first_batch() -> None:
     series.on_validation_end({"f1": 1.0})
     log.on_checkpoint_save_start({})
     assert log.steps_completed == 12 and series.series["validation"][0]["steps_completed"] == 12
+
+
+PRE_MOVE = ROOT / "tests" / "fixtures" / "pre-move-checkpoint"
+
+
+def test_a_checkpoint_from_before_the_stage_layout_resumes_exactly(tmp_path: Path) -> None:
+    """tests/fixtures/pre-move-checkpoint: a tiny BERT (400-token WordPiece vocabulary trained on
+    the excerpts) trained 8 batches by the code as it was before the library moved into its stage
+    subpackages, with the checkpoint it wrote at batch 4 and the uninterrupted run's results.
+    Resumed from batch 4 today, it loads and trains on: no saved file names a module path, so
+    moving modules never orphans a checkpoint. On the software that wrote it (its metadata's
+    torch) the run ends with the uninterrupted run's results; another torch's kernels and random
+    draws give other numbers from the same restored state, so there it only has to finish."""
+    fixture = tmp_path / "pre-move"
+    shutil.copytree(PRE_MOVE, fixture)
+    conf = tiny_config(fixture / "model", tmp_path, validation_file=str(fixture / "dev.json"))
+    conf["data"].update(max_seq_length=64, doc_stride=16, max_query_length=16)
+    conf["name"] = "pre-move"
+    conf["hyperparameters"].update(learning_rate=3e-3, warmup_ratio=0.2)
+    conf["hyperparameters"]["train_length"] = {"type": "const", "val": {"batches": 8}}
+    conf["min_checkpoint_period"] = {"batches": 4}
+    path = write_yaml(conf, tmp_path / "exp.yaml")
+    resume = ["--resume", str(fixture / "checkpoint"), "--checkpoint-dir", str(tmp_path / "ckpt")]
+    code, result, err = run_train(["--config", str(path), *resume])
+    assert code == 0, err
+    expected = json.loads((fixture / "expected.json").read_text())
+    assert result["steps_completed"] == expected["steps_completed"] == 8
+    written_by = json.loads((fixture / "checkpoint" / "metadata.json").read_text())["framework"]
+    if written_by != f"torch-{torch.__version__}":
+        assert 0 <= result["f1"] <= 100 and result["last_train_loss"] > 0
+        return
+    for key in ("exact_match", "f1", "last_train_loss"):
+        assert result[key] == pytest.approx(expected[key], abs=1e-6), key

@@ -13,15 +13,16 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import ROOT, tiny_config, write_yaml
 
 import scaling
-from extractive_qa import config_loading, scaling_runs
-from extractive_qa.optimization import OPTIMIZER_RECIPES
+from extractive_qa import scaling_runs
+from extractive_qa.config import experiment
+from extractive_qa.trial.optimization import OPTIMIZER_RECIPES
+from tests.support.project import ROOT, tiny_config, write_yaml
 
 
 def _load(name: str) -> dict[str, Any]:
-    return config_loading.load_yaml(ROOT / name)
+    return experiment.load_yaml(ROOT / name)
 
 
 def test_variants_change_only_slots_aggregation_optimizer_batch_name_labels() -> None:

@@ -12,10 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import DEV_V1, DEV_V2, ROOT, last_json, run_train, tiny_config, write_yaml
 
-from extractive_qa import squad_metric
-from extractive_qa.squad_json import load_squad
+from extractive_qa.data.squad_files import load_squad
+from extractive_qa.qa import squad_metric
+from tests.support.cli_result import last_json
+from tests.support.project import DEV_V1, DEV_V2, ROOT, run_train, tiny_config, write_yaml
 
 
 def official_script(version: str) -> Path | None:
@@ -45,7 +46,7 @@ def official(data: Path, preds: Path, odds: Path | None = None, thresh: float | 
 
 
 def ours(data: Path, preds: Path, odds: Path | None = None, thresh: float | None = None) -> dict:
-    command = [sys.executable, "-m", "extractive_qa.squad_metric", str(data), str(preds)]
+    command = [sys.executable, "-m", "extractive_qa.qa.squad_metric", str(data), str(preds)]
     command += ["--na-prob-file", str(odds)] if odds else []
     command += ["--na-prob-thresh", str(thresh)] if thresh is not None else []
     done = subprocess.run(command, capture_output=True, text=True, check=True, cwd=ROOT)
@@ -225,7 +226,7 @@ def _bad(command: list[str]) -> subprocess.CompletedProcess:
 
 def test_bad_inputs_name_the_file_or_field(trained_v2, trained, tmp_path: Path) -> None:
     ckpt, _, _ = trained_v2
-    metric = [sys.executable, "-m", "extractive_qa.squad_metric"]
+    metric = [sys.executable, "-m", "extractive_qa.qa.squad_metric"]
     preds = tmp_path / "p.json"
     preds.write_text(json.dumps({ex.id: "x" for ex in load_squad(DEV_V1, training=False).examples}))
     odds = tmp_path / "n.json"

@@ -12,7 +12,7 @@ import sys
 import venv
 from pathlib import Path
 
-from conftest import ROOT
+from tests.support.project import ROOT
 
 
 def source_hook(python: str, model: str | None = None, context: Path = ROOT) -> subprocess.CompletedProcess:

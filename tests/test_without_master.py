@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import DEV_V1, ROOT, last_json, one_process_scores, run_train, tiny_config, write_yaml
 
 from tests.support import det_netns
+from tests.support.cli_result import last_json
+from tests.support.project import DEV_V1, ROOT, one_process_scores, run_train, tiny_config, write_yaml
 
 
 @pytest.fixture(scope="module")

@@ -37,8 +37,8 @@ from typing import Any
 
 from determined.common.api import bindings
 
-from extractive_qa import config_loading, master_mirror
-from extractive_qa.settings import ConfigError
+from extractive_qa.config import experiment
+from extractive_qa.errors import ConfigError
 
 from .det_master import ROOT, TASK_ID, Allocation, Master
 
@@ -125,7 +125,7 @@ class Cluster:
                 check=True,
             )
             return json.loads(out.stdout)
-        conf = master_mirror.with_master_defaults(conf)
+        conf = experiment.with_master_defaults(conf)
         conf["checkpoint_storage"] = {
             "type": "shared_fs",
             "host_path": str(self.storage),
@@ -382,7 +382,7 @@ def main() -> int:
     if (why := supported()) is not None:
         parser.error(f"cannot emulate containers here: {why}")
     try:
-        conf = config_loading.load_yaml(ROOT / args.yaml)
+        conf = experiment.load_yaml(ROOT / args.yaml)
     except (OSError, ConfigError) as err:
         parser.error(str(err))
     if (conf.get("resources") or {}).get("slots_per_trial", 1) != 1:
@@ -390,7 +390,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="det-cluster-") as tmp:
         with emulated_cluster(Path(tmp), env={"OMP_NUM_THREADS": str(args.threads)}) as cluster:
             start = time.monotonic()
-            record = cluster.run_trial(conf, config_loading.local_hparams(conf), timeout=args.timeout)
+            record = cluster.run_trial(conf, experiment.local_hparams(conf), timeout=args.timeout)
             if record.exit_codes[-1] != 0 or cluster.master.errors:
                 print(record.failures(), cluster.master.errors, file=sys.stderr)
                 return 1

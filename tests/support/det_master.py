@@ -29,7 +29,7 @@ from urllib.parse import parse_qs, urlparse
 
 from determined.common.api import bindings
 
-from extractive_qa import config_loading
+from extractive_qa.config import experiment
 
 ROOT = Path(__file__).resolve().parents[2]
 TASK_ID = "1.trial-1"
@@ -369,7 +369,7 @@ class Master:
 
         return bindings.trialv1Trial(
             experimentId=e.id,
-            hparams=config_loading.local_hparams(e.config),
+            hparams=experiment.local_hparams(e.config),
             id=e.trial_id,
             restarts=0,
             startTime="2026-11-23T00:00:00Z",

@@ -59,7 +59,8 @@ def build(family: str, directory: Path) -> Path:
     import torch
     import transformers as tf
 
-    from extractive_qa.features import EMBEDDED_MODEL, load_tokenizer
+    from extractive_qa.config.model_family import EMBEDDED_MODEL
+    from extractive_qa.data.features import load_tokenizer
 
     torch.manual_seed(0)
     wordpiece = load_tokenizer(EMBEDDED_MODEL).backend_tokenizer
@@ -172,8 +173,8 @@ def table() -> list[dict[str, str]]:
 
     import transformers
 
-    from extractive_qa.features import load_tokenizer
-    from extractive_qa.model_family import qa_model_class, resolve_attention, supported_attention
+    from extractive_qa.config.model_family import qa_model_class, resolve_attention, supported_attention
+    from extractive_qa.data.features import load_tokenizer
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

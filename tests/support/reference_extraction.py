@@ -13,8 +13,10 @@ from pathlib import Path
 
 import numpy as np
 
-from extractive_qa import squad_json
-from extractive_qa.features import EMBEDDED_MODEL, Features, WindowSpec, build_features, load_tokenizer
+from extractive_qa.config.model_family import EMBEDDED_MODEL
+from extractive_qa.config.settings import WindowSpec
+from extractive_qa.data import squad_files
+from extractive_qa.data.features import Features, build_features, load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -51,11 +53,11 @@ def loop_extract(examples, features, start_logits, end_logits, n_best=20, max_an
 
 
 def setup(n_examples: int, seed: int = 0):
-    squad = squad_json.load_squad(ROOT / "squad_data/dev-v1.1-excerpt.json", training=False)
+    squad = squad_files.load_squad(ROOT / "squad_data/dev-v1.1-excerpt.json", training=False)
     tokenizer = load_tokenizer(EMBEDDED_MODEL)
     copies = -(-n_examples // len(squad.examples))
     examples = [
-        squad_json.Example(f"{ex.id}-{c}", ex.question, ex.context, ex.answers)
+        squad_files.Example(f"{ex.id}-{c}", ex.question, ex.context, ex.answers)
         for c in range(copies)
         for ex in squad.examples
     ][:n_examples]

@@ -12,12 +12,13 @@ from typing import Any
 
 import numpy as np
 
-from extractive_qa import squad_json
-from extractive_qa.features import Features, WindowSpec
+from extractive_qa.config.settings import WindowSpec
+from extractive_qa.data import squad_files
+from extractive_qa.data.features import Features
 
 
 def standard_recipe(
-    examples: Sequence[squad_json.Example], tokenizer: Any, spec: WindowSpec, batch_size: int = 1000
+    examples: Sequence[squad_files.Example], tokenizer: Any, spec: WindowSpec, batch_size: int = 1000
 ) -> dict[str, np.ndarray]:
     """The usual way, in batches of `batch_size` examples as `datasets.map(batched=True)` runs it."""
     parts = [
@@ -31,7 +32,7 @@ def standard_recipe(
 
 
 def _standard_batch(
-    examples: Sequence[squad_json.Example], tokenizer: Any, spec: WindowSpec
+    examples: Sequence[squad_files.Example], tokenizer: Any, spec: WindowSpec
 ) -> dict[str, np.ndarray]:
     """One batch: tokenize every (question, context) pair with overflow, label in Python."""
     # The recipe does not truncate questions; on SQuAD none exceeds max_query_length (64), so

@@ -1,0 +1,263 @@
+"""An experiment's config as the trial sees it: read from a YAML locally (safe YAML, `--set
+KEY=VALUE` overrides, the const values of its hyperparameters) or handed over by the master on a
+cluster, with the defaults the master fills in and adaptive ASHA's brackets mirrored so that a
+local run and the dry run see what a cluster run sees."""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from extractive_qa import det_internals
+from extractive_qa.config.schema import SEARCHER_KEYS, SECTION_KEYS, TOP_LEVEL_KEYS, check_config
+from extractive_qa.errors import ConfigError
+
+# --------------------------------------------------------------------------------------------
+# Reading a YAML file (local runs).
+# --------------------------------------------------------------------------------------------
+
+
+class _Loader(yaml.SafeLoader):
+    """PyYAML reads YAML 1.1, where `3e-5` (no dot) is text; the master's Go YAML and JSON read
+    it as a number. Resolving such scalars as floats makes a YAML, its JSON as the master hands
+    it, and a --set value mean the same thing here as on a cluster."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
+
+
+def parse_yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 -- a SafeLoader subclass
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    try:
+        doc = parse_yaml(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such config file.") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{path}: cannot read ({err}).") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML ({err}).") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply to be an experiment config.") from None
+    except ValueError as err:  # e.g. an integer of thousands of digits
+        raise ConfigError(f"{path}: unreadable value ({str(err)[:200]}).") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{path}: expected a YAML mapping (an experiment config).")
+    return doc
+
+
+def load_experiment(path: str | Path, overrides: list[str]) -> dict[str, Any]:
+    """A YAML with `--set` overrides applied, its shape checked before anything reads it."""
+    conf = apply_overrides(load_yaml(path), overrides)
+    check_config(conf)
+    return conf
+
+
+def _check_override_path(key: str) -> None:
+    """`--set` may only name what exists: a top-level key of the master's schema, a setting of
+    `data:` / `hyperparameters:`, or a key of the sections the master defines."""
+    from extractive_qa.config.settings import DataSettings, Hyperparameters
+
+    parts = key.split(".")
+    if parts[0] not in TOP_LEVEL_KEYS:
+        raise ConfigError(f"--set {key}: {parts[0]!r} is not an experiment-config key (a typo?).")
+    if len(parts) < 2:
+        return
+    known = {
+        "data": {f.name for f in dataclasses.fields(DataSettings)},
+        "hyperparameters": {f.name for f in dataclasses.fields(Hyperparameters)} | {"train_length"},
+        "searcher": set().union(*SEARCHER_KEYS.values()),
+        **SECTION_KEYS,
+    }.get(parts[0])
+    if known is not None and parts[1] not in known:
+        raise ConfigError(
+            f"--set {key}: {parts[0]} has no {parts[1]!r} (a typo?); known: {', '.join(sorted(known))}."
+        )
+
+
+def apply_overrides(conf: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """`--set data.squad_version=2.0 hyperparameters.learning_rate=1e-4` (values parsed as YAML).
+
+    A key under `hyperparameters` replaces that hyperparameter's whole definition with a const.
+    """
+    conf = copy.deepcopy(conf)
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--set {item!r}: expected dotted.key=value.")
+        _check_override_path(key)
+        try:
+            value = parse_yaml(raw) if raw else ""
+        except yaml.YAMLError:
+            value = raw
+        parts = key.split(".")
+        node = conf
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"--set {key}: {part!r} is not a section.")
+            node = child
+        if parts[0] == "hyperparameters" and len(parts) == 2:
+            value = {"type": "const", "val": value}
+        node[parts[-1]] = value
+    return conf
+
+
+def local_hparams(conf: dict[str, Any]) -> dict[str, Any]:
+    """One value per hyperparameter, as a local run takes it from the YAML."""
+    out: dict[str, Any] = {}
+    for name, spec in (conf.get("hyperparameters") or {}).items():
+        out[name] = _hparam_value(name, spec)
+    return out
+
+
+def _hparam_value(name: str, spec: Any) -> Any:
+    if not isinstance(spec, dict):
+        return spec
+    kind = spec.get("type")
+    if kind is None:  # a nested group
+        return {k: _hparam_value(f"{name}.{k}", v) for k, v in spec.items()}
+    if kind == "const":
+        return spec.get("val")
+    if kind == "categorical":
+        return spec["vals"][0]
+    if kind in ("int", "double"):
+        return spec["minval"]
+    if kind == "log":
+        return spec["base"] ** spec["minval"]
+    raise ConfigError(f"hyperparameters.{name}: unknown type {kind!r}.")
+
+
+# --------------------------------------------------------------------------------------------
+# What a 0.38.1 master fills in: schema defaults and adaptive ASHA's brackets.
+# --------------------------------------------------------------------------------------------
+
+
+def asha_brackets(searcher: dict[str, Any]) -> list[list[int]]:
+    """Adaptive ASHA's brackets as a 0.38.1 master builds them: each bracket's rungs in units of
+    `time_metric`. Mirrors master/pkg/searcher/adaptive_asha.go:86-112 (makeBrackets, standard /
+    conservative / aggressive modes) and asha_stopping.go:54-66 (makeRungs)."""
+    max_time = int(searcher["max_time"])
+    divisor = float(searcher.get("divisor") or 4)
+    rungs_per_bracket = list(searcher.get("bracket_rungs") or [])
+    if not rungs_per_bracket:
+        max_trials = int(searcher.get("max_trials") or 1)
+        max_rungs = min(
+            int(searcher.get("max_rungs") or 5),
+            int(math.log(max_time) / math.log(divisor)) + 1,
+            int(math.log(max_trials) / math.log(divisor)) + 1,
+        )
+        mode = searcher.get("mode") or "standard"
+        first = {"conservative": 1, "standard": (max_rungs - 1) // 2 + 1, "aggressive": max_rungs}
+        if mode not in first:
+            raise ConfigError(f"searcher.mode: {mode!r} must be conservative, standard or aggressive.")
+        rungs_per_bracket = list(range(first[mode], max_rungs + 1))
+    return [
+        [max(int(max_time / divisor ** (n - i - 1)), 1) for i in range(n)]
+        for n in sorted(rungs_per_bracket, reverse=True)
+    ]
+
+
+# What a 0.38.1 master fills in before the trial sees the config, for the fields run_plan reads
+# (schema defaults in master/pkg/schemas/expconf/*.json: experiment.json, optimizations.json,
+# resources.json; plus the clock-drawn experiment_seed). tests/test_cluster.py checks the plans
+# built from this against the configs the master's own schemas produce.
+MASTER_DEFAULTS: dict[str, Any] = {
+    "min_validation_period": {"batches": 0},
+    "min_checkpoint_period": {"batches": 0},
+    "checkpoint_policy": "best",
+    "scheduling_unit": 100,
+    "perform_initial_validation": False,
+    "records_per_epoch": 0,
+    "max_restarts": 5,
+    "resources": {"slots_per_trial": 1},
+    "optimizations": {
+        "aggregation_frequency": 1,
+        "average_aggregated_gradients": True,
+        "gradient_compression": False,
+    },
+    "reproducibility": {"experiment_seed": 0},
+}
+
+
+def with_master_defaults(conf: dict[str, Any]) -> dict[str, Any]:
+    """The config as a master hands it to the trial (for the fields this trial reads)."""
+    out = copy.deepcopy(conf)
+    for key, default in MASTER_DEFAULTS.items():
+        if out.get(key) is None:
+            out[key] = copy.deepcopy(default)
+        elif key in ("resources", "optimizations", "reproducibility") and isinstance(out[key], dict):
+            for sub, value in default.items():
+                out[key].setdefault(sub, value)
+    return out
+
+
+def slots_of(conf: dict[str, Any]) -> int:
+    return int((conf.get("resources") or {}).get("slots_per_trial", 1))
+
+
+def aggregation_of(conf: dict[str, Any]) -> int:
+    """optimizations.aggregation_frequency as the master reads it: absent or null is 1. The value is
+    checked once, by schema.check_config, before a config gets here."""
+    return int((conf.get("optimizations") or {}).get("aggregation_frequency") or 1)
+
+
+# --------------------------------------------------------------------------------------------
+# Where a run's config comes from: the master, or the command line.
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Source:
+    """Where this run's config comes from: the master (a cluster trial) or the command line."""
+
+    exp_conf: dict[str, Any]
+    hparams: dict[str, Any]
+    slots: int
+    on_cluster: bool
+    latest_checkpoint: str | None = None  # a storage id (cluster) or local checkpoint name
+    steps_completed: int = 0
+    checkpoint_path: Path | None = None  # a cluster's latest checkpoint on shared_fs, to verify
+
+
+def from_cluster(info: Any) -> Source:
+    exp_conf = det_internals.experiment_config(info)
+    latest = info.latest_checkpoint
+    return Source(
+        exp_conf=exp_conf,
+        hparams=dict(info.trial.hparams),
+        slots=slots_of(exp_conf),
+        on_cluster=True,
+        latest_checkpoint=latest,
+        steps_completed=det_internals.steps_completed(info),
+        checkpoint_path=det_internals.shared_fs_checkpoint(exp_conf, latest) if latest else None,
+    )
+
+
+def from_command_line(args: argparse.Namespace, slots: int) -> Source:
+    """The YAML as a master would hand it, with --set / --batches / --epochs applied."""
+    exp_conf = load_experiment(args.config, args.overrides)
+    exp_conf = with_master_defaults(exp_conf)
+    hparams = local_hparams(exp_conf)
+    if args.batches or args.epochs:
+        if (exp_conf.get("searcher") or {}).get("max_time") is not None:
+            exp_conf["searcher"]["max_time"] = args.batches or args.epochs
+            exp_conf["searcher"]["time_metric"] = "batches" if args.batches else "epochs"
+        else:
+            hparams["train_length"] = {"batches": args.batches} if args.batches else {"epochs": args.epochs}
+    return Source(exp_conf=exp_conf, hparams=hparams, slots=slots, on_cluster=False)

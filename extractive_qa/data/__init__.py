@@ -1,0 +1,1 @@
+"""SQuAD files -> windows -> batches: squad_files, features, feature_cache, batching."""

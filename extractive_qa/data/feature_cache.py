@@ -1,0 +1,158 @@
+"""The feature cache: NumPy arrays in a directory named by a fingerprint of everything that shapes
+them, built once per machine (file lock), memory-mapped by every rank, damage detected."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from extractive_qa.config.settings import WindowSpec
+from extractive_qa.data.features import Features, build_features, tokenizer_fingerprint
+from extractive_qa.data.squad_files import SquadSet
+from extractive_qa.files import file_lock
+
+logger = logging.getLogger("squad")
+
+# Bump when the feature layout or labelling changes: old caches then stop matching.
+FEATURES_VERSION = "3"
+
+
+# --------------------------------------------------------------------------------------------
+# Cache: NumPy arrays in a directory named by a fingerprint of everything that shapes them.
+# --------------------------------------------------------------------------------------------
+
+
+def features_fingerprint(
+    squad: SquadSet, tokenizer_name: str, tokenizer: Any, spec: WindowSpec, split: str
+) -> str:
+    key = {
+        "file_sha256": squad.sha256,
+        "tokenizer": tokenizer_name,
+        "vocab_sha256": tokenizer_fingerprint(tokenizer),
+        "spec": [spec.max_seq_length, spec.doc_stride, spec.max_query_length],
+        "split": split,
+        "code": FEATURES_VERSION,
+    }
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def _save_features(features: Features, directory: Path, meta: dict[str, Any]) -> None:
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}."))
+    try:
+        for name in Features.ARRAYS:
+            array = getattr(features, name)
+            if array is not None:
+                np.save(tmp / f"{name}.npy", array, allow_pickle=False)
+        arrays = {
+            name: {"shape": list(getattr(features, name).shape), "dtype": getattr(features, name).dtype.str}
+            for name in Features.ARRAYS
+            if getattr(features, name) is not None
+        }
+        meta = {**meta, "cls_index": features.cls_index, "features": len(features), "arrays": arrays}
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+        os.replace(tmp, directory)  # atomic publish of the whole directory
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def cache_damage(directory: Path) -> str | None:
+    """Why a cache directory cannot be used as it is (None if sound).
+
+    Each array file is checked against what meta.json says it holds (shape, dtype) and against
+    the bytes its own header promises, so a truncated copy (a full disk, a partial rsync to a
+    shared mount) is caught before np.load maps it.
+    """
+    try:
+        meta = json.loads((directory / "meta.json").read_text())
+        arrays = meta["arrays"]
+    except (OSError, ValueError, KeyError) as err:
+        return f"meta.json unreadable or without array records ({err})"
+    for name, record in arrays.items():
+        path = directory / f"{name}.npy"
+        try:
+            with path.open("rb") as f:
+                version = np.lib.format.read_magic(f)
+                read_header = (
+                    np.lib.format.read_array_header_1_0
+                    if version == (1, 0)
+                    else np.lib.format.read_array_header_2_0
+                )
+                shape, _, dtype = read_header(f)  # (shape, fortran_order, dtype)
+                header = f.tell()
+            size = path.stat().st_size
+        except (OSError, ValueError) as err:
+            return f"{path.name}: unreadable ({err})"
+        if list(shape) != record["shape"] or dtype.str != record["dtype"]:
+            said = f"{record['shape']} {record['dtype']}"
+            return f"{path.name}: holds {list(shape)} {dtype.str}, meta.json says {said}"
+        expected = header + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if size != expected:
+            return f"{path.name}: {size} bytes, expected {expected}"
+    return None
+
+
+def load_features(directory: Path) -> Features:
+    meta = json.loads((directory / "meta.json").read_text())
+    arrays = {
+        name: np.load(directory / f"{name}.npy", mmap_mode="r", allow_pickle=False) for name in meta["arrays"]
+    }
+    return Features(**arrays, cls_index=int(meta["cls_index"]))
+
+
+def prepare_features(
+    squad: SquadSet,
+    tokenizer: Any,
+    tokenizer_name: str,
+    spec: WindowSpec,
+    split: str,
+    cache_dir: Path | None,
+    progress: bool = False,
+) -> tuple[Features, str]:
+    """Features for a split, from the cache when present. Returns (features, cache state)."""
+    training = split == "train"
+
+    def build() -> Features:
+        return build_features(
+            squad.examples,
+            tokenizer,
+            spec,
+            labels=training,
+            offsets=not training,
+            progress=progress,
+        )
+
+    if cache_dir is None:
+        return build(), "off"
+    fp = features_fingerprint(squad, tokenizer_name, tokenizer, spec, split)
+    directory = Path(cache_dir) / f"{split}-{fp}"
+    state = "built"
+    with file_lock(directory):  # one process builds; the others wait and map it
+        # Temporary build directories of this cache that a killed process left behind: only the
+        # lock's holder builds, so any that exist now are dead.
+        for stale in directory.parent.glob(f".{directory.name}.*"):
+            if stale.is_dir():
+                logger.warning("removing %s, left by an interrupted feature-cache build", stale)
+                shutil.rmtree(stale, ignore_errors=True)
+        if directory.exists():
+            damage = cache_damage(directory)
+            if damage is None:
+                return load_features(directory), "hit"
+            logger.warning("feature cache %s is damaged (%s); rebuilding it", directory, damage)
+            aside = directory.with_name(f".{directory.name}.damaged-{os.getpid()}")
+            os.replace(directory, aside)
+            shutil.rmtree(aside, ignore_errors=True)
+            state = "rebuilt"
+        features = build()
+        meta = {"source": str(squad.path), "split": split, "examples": len(squad.examples)}
+        _save_features(features, directory, meta)
+    return load_features(directory), state

@@ -1,0 +1,225 @@
+"""SQuAD files -> checked examples: where a file comes from (a local path, or an official URL
+downloaded once per machine, checked against its SHA-256 digest and written atomically) and
+what it holds (v1.1 or v2.0 JSON, every answer checked against its context)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from extractive_qa.errors import DataError
+from extractive_qa.files import file_lock
+
+# --------------------------------------------------------------------------------------------
+# Parsing and validation.
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Example:
+    id: str
+    question: str
+    context: str
+    answers: list[dict[str, Any]]  # [{"text": str, "answer_start": int}], may be empty (v2.0)
+    is_impossible: bool = False
+
+
+@dataclass
+class SquadSet:
+    path: Path
+    version: str  # "1.1" or "2.0"
+    examples: list[Example]
+    sha256: str
+    skipped: list[str] = field(default_factory=list)  # training ids whose answer is not found
+
+
+def load_squad(source: str | os.PathLike, *, training: bool, download_dir: Path | None = None) -> SquadSet:
+    """Parse and validate a SQuAD v1.1 / v2.0 file.
+
+    Training drops (and reports) questions whose first answer is not where `answer_start` says;
+    evaluation keeps every question, as the official scripts do.
+    """
+    path = resolve_source(source, download_dir)
+    raw = path.read_bytes()
+    doc = _read_json(path, raw)
+    examples: list[Example] = []
+    skipped: list[str] = []
+    seen: set[str] = set()
+    has_impossible = False  # any question so far carries is_impossible: a v2.0 file
+    for a, article in enumerate(doc["data"]):
+        title = article.get("title", "?") if isinstance(article, dict) else "?"
+        paragraphs = article.get("paragraphs") if isinstance(article, dict) else None
+        if not isinstance(paragraphs, list):
+            raise DataError(f"{path}: article {a} ({title!r}) has no 'paragraphs' list.")
+        for p, para in enumerate(paragraphs):
+            where = f"{path}: article {a} ({title!r}) paragraph {p}"
+            context = para.get("context") if isinstance(para, dict) else None
+            if not isinstance(context, str) or not context.strip():
+                raise DataError(f"{where}: missing or empty 'context'.")
+            qas = para.get("qas")
+            if not isinstance(qas, list):
+                raise DataError(f"{where}: missing 'qas' list.")
+            for q, qa in enumerate(qas):
+                qid = qa.get("id") if isinstance(qa, dict) else None
+                if not isinstance(qid, str) or not qid:
+                    raise DataError(f"{where} question {q}: missing 'id'.")
+                if qid in seen:
+                    raise DataError(f"{where} question id {qid}: duplicate question id; ids must be unique.")
+                seen.add(qid)
+                has_impossible |= "is_impossible" in qa
+                example = _question(qa, context, f"{where} question id {qid}", has_impossible)
+                if training and not example.is_impossible and not _answer_is_where_it_says(example):
+                    skipped.append(qid)
+                    continue
+                examples.append(example)
+    if not examples:
+        raise DataError(f"{path}: no questions found.")
+    version = "2.0" if has_impossible or str(doc.get("version", "")).startswith("v2") else "1.1"
+    return SquadSet(path, version, examples, hashlib.sha256(raw).hexdigest(), skipped)
+
+
+def _read_json(path: Path, raw: bytes) -> dict[str, Any]:
+    """The file's JSON document, with a clear error for empty, non-UTF-8 or truncated files."""
+    if not raw.strip():
+        raise DataError(f"{path}: file is empty; expected SQuAD JSON with a 'data' list.")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise DataError(
+            f"{path}: not UTF-8 (bad byte at offset {err.start}); SQuAD files are UTF-8 JSON."
+        ) from None
+    try:
+        doc = json.loads(text)
+    except RecursionError:
+        raise DataError(f"{path}: JSON nested too deeply to be a SQuAD file.") from None
+    except json.JSONDecodeError as err:
+        raise DataError(
+            f"{path}: invalid or truncated JSON at line {err.lineno} column {err.colno}: {err.msg}."
+        ) from None
+    except ValueError as err:  # e.g. an integer of thousands of digits
+        raise DataError(f"{path}: unreadable JSON value ({str(err)[:200]}).") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("data"), list):
+        raise DataError(f"{path}: no top-level 'data' list; is this a SQuAD file?")
+    return doc
+
+
+def _question(qa: dict[str, Any], context: str, place: str, v2_file: bool) -> Example:
+    """One checked question. No answers is allowed only where the file is v2.0 (`v2_file`)."""
+    question = qa.get("question")
+    if not isinstance(question, str) or not question.strip():
+        raise DataError(f"{place}: missing or empty 'question'.")
+    impossible = bool(qa.get("is_impossible", False))
+    answers = qa.get("answers")
+    if not isinstance(answers, list):
+        raise DataError(f"{place}: missing 'answers' list.")
+    for ans in answers:
+        if not isinstance(ans, dict) or not isinstance(ans.get("text"), str):
+            raise DataError(f"{place}: each answer needs 'text' and 'answer_start'.")
+        start = ans.get("answer_start")
+        if not isinstance(start, int) or not 0 <= start < len(context):
+            raise DataError(
+                f"{place}: answer_start {start!r} is outside the context (length {len(context)})."
+            )
+    if not impossible and not answers and not v2_file:
+        raise DataError(f"{place}: no answers and not marked is_impossible (v1.1 needs answers).")
+    return Example(qa["id"], question, context, answers, impossible or not answers)
+
+
+def _answer_is_where_it_says(example: Example) -> bool:
+    first = example.answers[0]
+    start = first["answer_start"]
+    return example.context[start : start + len(first["text"])] == first["text"]
+
+
+# --------------------------------------------------------------------------------------------
+# Sources: local path or URL (downloaded once per machine, verified, written atomically).
+# --------------------------------------------------------------------------------------------
+
+OFFICIAL_BASE_URL = "https://rajpurkar.github.io/SQuAD-explorer/dataset/"
+OFFICIAL_SHA256 = {
+    "train-v1.1.json": "3527663986b8295af4f7fcdff1ba1ff3f72d07d61a20f487cb238a6ef92fd955",
+    "dev-v1.1.json": "95aa6a52d5d6a735563366753ca50492a658031da74f301ac5238b03966972c9",
+    "train-v2.0.json": "68dcfbb971bd3e96d5b46c7177b16c1a4e7d4bdef19fb204502738552dede002",
+    "dev-v2.0.json": "80a5225e94905956a6446d296ca1093975c4d3b3260f1d6c8f68bc2ab77182d8",
+}
+
+
+def default_download_dir() -> Path:
+    return Path(os.environ.get("SQUAD_DOWNLOAD_DIR", Path.home() / ".cache" / "squad"))
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def resolve_source(source: str | os.PathLike, download_dir: Path | None = None) -> Path:
+    """Return a local path for `source`, downloading an http(s) URL once per machine."""
+    text = str(source)
+    if not text.startswith(("http://", "https://")):
+        path = Path(text).expanduser()
+        if not path.is_file():
+            raise DataError(
+                f"{path}: no such file. Give a SQuAD JSON path or one of the official URLs "
+                f"({OFFICIAL_BASE_URL}train-v1.1.json, ...)."
+            )
+        return path
+    name = text.rstrip("/").rsplit("/", 1)[-1]
+    expected = OFFICIAL_SHA256.get(name)
+    dest = (download_dir or default_download_dir()) / cache_name(text, name, expected)
+    if expected is None and text.startswith("http://"):
+        logging.getLogger("squad").warning(
+            "%s: plain http with no pinned SHA-256: anyone on the network path can change what is "
+            "trained on. Prefer https, or copy the file here and give its path.", text
+        )
+    with file_lock(dest):
+        if dest.is_file() and (expected is None or sha256_file(dest) == expected):
+            return dest
+        try:
+            _download(text, dest, expected)
+        except (urllib.error.URLError, OSError, TimeoutError) as err:
+            raise DataError(
+                f"could not download {text} ({err}). If this machine is offline, copy the file "
+                f"to {dest} (sha256 {expected or 'not pinned'}) or point the config at a local path."
+            ) from None
+    return dest
+
+
+def cache_name(url: str, name: str, expected_sha256: str | None) -> str:
+    """The download's file name: the official files keep their own name (their content is pinned
+    by SHA-256 whatever the URL); any other URL gets a key of the full URL, so two URLs that end
+    in the same file name never share a download."""
+    if expected_sha256 is not None:
+        return name
+    return f"{hashlib.sha256(url.encode()).hexdigest()[:16]}-{name}"
+
+
+def _download(url: str, dest: Path, expected_sha256: str | None) -> None:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.")
+    try:
+        digest = hashlib.sha256()
+        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=60) as response:
+            for block in iter(lambda: response.read(1 << 20), b""):
+                digest.update(block)
+                out.write(block)
+        if expected_sha256 is not None and digest.hexdigest() != expected_sha256:
+            raise DataError(
+                f"{url}: downloaded file has sha256 {digest.hexdigest()}, expected "
+                f"{expected_sha256}; not using it. Retry, or copy a verified file to {dest}."
+            )
+        os.replace(tmp, dest)  # atomic: readers never see a partial file
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)

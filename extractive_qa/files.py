@@ -1,0 +1,56 @@
+"""Files the runs read and write: the repository root, atomic writes, per-file locks, and
+outputs checked writable before any work."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from extractive_qa.errors import DataError
+
+ROOT = Path(__file__).resolve().parents[1]  # the repository root: entry scripts and YAMLs
+
+
+def file_lock(path: Path) -> Any:
+    # filelock comes with transformers (via huggingface_hub); one lock file per target, so the
+    # ranks of a machine serialise on it and all but the first find the work already done.
+    from filelock import FileLock
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return FileLock(str(path) + ".lock")
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write via a temporary file in the same directory and rename: never a half-written file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(text)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def check_output_file(path: Path, flag: str) -> None:
+    """Before any work: `path` can be written as a file (its directory exists, it is not one)."""
+    if path.is_dir():
+        raise DataError(f"{flag} {path}: is a directory; give a file name, e.g. {path / 'out.json'}.")
+    if not path.parent.is_dir():
+        raise DataError(f"{flag} {path}: directory {path.parent} does not exist; create it first.")
+    if not os.access(path.parent, os.W_OK):
+        raise DataError(f"{flag} {path}: directory {path.parent} is not writable.")
+
+
+def check_output_dir(path: Path, flag: str) -> None:
+    """Before any work: `path` is or can become a writable directory."""
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    if path.exists() and not path.is_dir():
+        raise DataError(f"{flag} {path}: is a file, not a directory.")
+    if existing is None or not existing.is_dir():
+        raise DataError(f"{flag} {path}: {existing} is not a directory.")
+    if not os.access(existing, os.W_OK):
+        raise DataError(f"{flag} {path}: {existing} is not writable.")

@@ -1,0 +1,1 @@
+"""Logits -> answers -> files and scores: answers, outputs, qa_settings, squad_metric."""

@@ -1,0 +1,116 @@
+"""The inspectable outputs of a prediction run, in the formats the official SQuAD tools read:
+predictions.json (id -> answer), null_odds.json (id -> no-answer score difference, the v2.0
+script's --na-prob-file) and nbest_predictions.json (per question its top spans with text,
+character offsets, probability and logits). Evaluation and predict.py write them the same way."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from extractive_qa.data.features import Features
+from extractive_qa.data.squad_files import Example
+from extractive_qa.files import write_text_atomic
+from extractive_qa.qa.answers import Answers, rank_spans, trim_span
+
+PREDICTIONS = "predictions.json"
+NULL_ODDS = "null_odds.json"
+NBEST = "nbest_predictions.json"
+# A question whose windows hold no valid span always answers "": its null odds are the largest
+# float JSON can carry portably (Infinity is not JSON).
+ALWAYS_NULL = float(np.finfo(np.float32).max)
+
+
+def null_odds(examples: Sequence[Example], answers: Answers) -> dict[str, float]:
+    """id -> null score minus best span score: "" is predicted where this exceeds the threshold."""
+    diffs = np.minimum(np.asarray(answers.null_score_diff, dtype=np.float64), ALWAYS_NULL)
+    return {ex.id: float(d) for ex, d in zip(examples, diffs, strict=True)}
+
+
+def nbest_predictions(
+    examples: Sequence[Example],
+    features: Features,
+    start_logits: np.ndarray,
+    end_logits: np.ndarray,
+    *,
+    n_best: int,
+    max_answer_length: int,
+    version_2: bool,
+) -> dict[str, list[dict[str, Any]]]:
+    """Each question's n_best spans, best first, with their softmax probability over those spans
+    (v2.0: and the null, listed as text "" at offsets -1): each question's probabilities sum to 1."""
+    start_logits = np.asarray(start_logits, dtype=np.float32)
+    end_logits = np.asarray(end_logits, dtype=np.float32)
+    ranked = rank_spans(features, start_logits, end_logits, n_best, max_answer_length)
+    offsets = np.asarray(features.offsets)
+    entries: list[list[dict[str, Any]]] = [[] for _ in examples]
+    for row in np.flatnonzero(ranked.kept):
+        e, f = int(ranked.example[row]), int(ranked.feature[row])
+        s_tok, e_tok = int(ranked.start_token[row]), int(ranked.end_token[row])
+        start, end = trim_span(examples[e].context, int(offsets[f, s_tok, 0]), int(offsets[f, e_tok, 1]))
+        entries[e].append(
+            {
+                "text": examples[e].context[start:end],
+                "start": start,
+                "end": end,
+                "start_logit": float(start_logits[f, s_tok]),
+                "end_logit": float(end_logits[f, e_tok]),
+                "score": float(ranked.score[row]),
+            }
+        )
+    if version_2:
+        cls = features.cls_index
+        null = np.full(len(examples), np.inf)
+        which = np.zeros(len(examples), dtype=np.int64)
+        scores = start_logits[:, cls] + end_logits[:, cls]
+        for f, e in enumerate(np.asarray(features.example_index)):
+            if scores[f] < null[e]:  # the smallest CLS score over the windows, as extraction uses
+                null[e], which[e] = scores[f], f
+        for e in range(len(examples)):
+            if np.isfinite(null[e]):
+                f = int(which[e])
+                entries[e].append(
+                    {
+                        "text": "",
+                        "start": -1,
+                        "end": -1,
+                        "start_logit": float(start_logits[f, cls]),
+                        "end_logit": float(end_logits[f, cls]),
+                        "score": float(null[e]),
+                    }
+                )
+    out = {}
+    for ex, spans in zip(examples, entries, strict=True):
+        spans.sort(key=lambda s: -s["score"])
+        if spans:
+            scores = np.array([s["score"] for s in spans], dtype=np.float64)
+            prob = np.exp(scores - scores.max())
+            prob /= prob.sum()
+            for span, p in zip(spans, prob, strict=True):
+                span["probability"] = float(p)
+                del span["score"]
+        out[ex.id] = spans
+    return out
+
+
+def write_outputs(
+    out_dir: Path,
+    examples: Sequence[Example],
+    answers: Answers,
+    nbest: dict[str, list[dict[str, Any]]] | None = None,
+) -> dict[str, str]:
+    """predictions.json, null_odds.json and (given) nbest_predictions.json in out_dir, each written
+    atomically; returns their paths by name."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = {
+        PREDICTIONS: answers.text,
+        NULL_ODDS: null_odds(examples, answers),
+        **({NBEST: nbest} if nbest is not None else {}),
+    }
+    for name, content in files.items():
+        write_text_atomic(out_dir / name, json.dumps(content, ensure_ascii=False))
+    return {name: str(out_dir / name) for name in files}

@@ -1,0 +1,173 @@
+"""The trial's Determined callbacks: per-rank random state in checkpoints, the searcher's stop,
+the run log, the metric series and the Hugging Face export beside every checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from determined import pytorch
+
+from extractive_qa import det_internals
+from extractive_qa.qa import qa_settings
+from extractive_qa.trial import model_io
+
+logger = logging.getLogger("squad")
+
+
+class RankRandomState(pytorch.PyTorchCallback):
+    """Every rank's random state in the checkpoint; on a restart each rank takes back its own.
+
+    Determined saves the chief's torch / NumPy / Python random state and restores it on every
+    rank (pytorch/_pytorch_trial.py:1093-1096 and 1004-1008). The ranks draw different amounts --
+    a dropout mask is as large as that rank's padded batch -- so after a restart the other ranks
+    went on with the chief's stream and the run no longer matched an uninterrupted one. The states
+    are gathered wherever a checkpoint can follow (the end of a training workload or a
+    validation; nothing draws between there and the save) and restored after Determined's own
+    (callbacks load after it, :1026-1030).
+    """
+
+    def __init__(self, context: pytorch.PyTorchTrialContext) -> None:
+        self.context = context
+        self.ranks: list[dict[str, Any]] | None = None
+
+    def _capture(self) -> dict[str, Any]:
+        state = {"torch": torch.random.get_rng_state(), "numpy": np.random.get_state()}
+        state["random"] = random.getstate()
+        if self.context.device.type == "cuda":
+            state["cuda"] = torch.cuda.get_rng_state(self.context.device)
+        return state
+
+    def _gather(self) -> None:
+        self.ranks = self.context.distributed.allgather(self._capture())
+
+    def on_training_workload_end(self, avg_metrics: dict[str, Any], batch_metrics: Any) -> None:
+        self._gather()
+
+    def on_validation_end(self, metrics: dict[str, Any]) -> None:
+        self._gather()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"ranks": self.ranks} if self.ranks is not None else {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        ranks = state_dict.get("ranks")
+        size, rank = self.context.distributed.size, self.context.distributed.rank
+        if not ranks or len(ranks) != size:
+            if ranks and rank == 0:
+                logger.warning(
+                    "checkpoint holds random states for %d ranks, this run has %d: every rank "
+                    "continues from the chief's (Determined's default)", len(ranks), size,
+                )  # fmt: skip
+            return
+        mine = ranks[rank]
+        torch.random.set_rng_state(mine["torch"])
+        np.random.set_state(mine["numpy"])
+        random.setstate(mine["random"])
+        if "cuda" in mine and self.context.device.type == "cuda":
+            torch.cuda.set_rng_state(mine["cuda"], self.context.device)
+
+
+class SearcherStop(pytorch.PyTorchCallback):
+    """End the trial cleanly when the searcher stops it: checkpoint, then return from fit().
+
+    The chief asks the master at every training report (each scheduling_unit batches) and tells
+    the other ranks, so all of them request the stop at the same batch; the controller then takes
+    its exit checkpoint (pytorch/_pytorch_trial.py:499-503). See det_internals.SearcherStopWatch
+    for why the master's decision has to be read rather than received.
+    """
+
+    def __init__(self, context: pytorch.PyTorchTrialContext, info: Any, run_log: RunLog) -> None:
+        self.context = context
+        self.run_log = run_log
+        self.watch = det_internals.SearcherStopWatch(info) if context.distributed.rank == 0 else None
+
+    def on_training_workload_end(self, avg_metrics: dict[str, Any], batch_metrics: Any) -> None:
+        stopped = self.watch.stopped() if self.watch is not None else False
+        if self.context.distributed.broadcast(stopped):
+            logger.info("the searcher stopped this trial: checkpointing and exiting")
+            self.run_log.stopped_by_searcher = True
+            self.context.set_stop_requested(True)
+
+
+class RunLog(pytorch.PyTorchCallback):
+    """Remembers what train.py reports at the end: steps, last metrics, checkpoint. (Its
+    throughput is the training windows' own, perf_metrics.run_rates.)"""
+
+    def __init__(self, context: pytorch.PyTorchTrialContext) -> None:
+        self.context = context
+        self.validation: dict[str, Any] = {}
+        self.checkpoint: str | None = None
+        self.steps_completed = 0  # batches trained so far (a resumed run starts above zero)
+        self.stopped_by_searcher = False
+        self.last_train_loss: float | None = None
+
+    def on_trial_startup(self, first_batch_idx: int, checkpoint_uuid: str | None) -> None:
+        # Before the first batch (step-zero validation, or a resumed run whose final validation or
+        # checkpoint is still pending) the count is where the run starts, not a batch index.
+        self.steps_completed = first_batch_idx
+
+    def on_training_workload_end(self, avg_metrics: dict[str, Any], batch_metrics: Any) -> None:
+        self.steps_completed = self.context.current_train_batch() + 1
+        if batch_metrics:
+            self.last_train_loss = float(batch_metrics[-1]["loss"])
+
+    def on_validation_end(self, metrics: dict[str, Any]) -> None:
+        self.validation = dict(metrics)
+
+    def on_checkpoint_write_end(self, checkpoint_dir: str) -> None:
+        self.checkpoint = str(checkpoint_dir)
+
+
+class MetricSeries(pytorch.PyTorchCallback):
+    """What Determined's master stores per report (steps, end time, metrics), kept locally when
+    asked for (train.py --metrics-out), so scaling.py computes throughput the same way from a
+    local run or a cluster's. Runs after RunLog, whose step count it uses."""
+
+    def __init__(self, run_log: RunLog) -> None:
+        self.run_log = run_log
+        self.series: dict[str, list[dict[str, Any]]] = {"training": [], "validation": []}
+
+    def _report(self, group: str, metrics: dict[str, Any]) -> None:
+        values = {}
+        for key, value in metrics.items():
+            with contextlib.suppress(TypeError, ValueError):
+                values[key] = float(value)
+        self.series[group].append(
+            {"steps_completed": self.run_log.steps_completed, "end_time": time.time(), "metrics": values}
+        )
+
+    def on_training_workload_end(self, avg_metrics: dict[str, Any], batch_metrics: Any) -> None:
+        self._report("training", avg_metrics)
+
+    def on_validation_end(self, metrics: dict[str, Any]) -> None:
+        self._report("validation", metrics)
+
+
+class HFExport(pytorch.PyTorchCallback):
+    """Every checkpoint also holds hf/: save_pretrained model + tokenizer + QA settings."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        settings: Callable[[], qa_settings.QASettings],
+        predictions: Callable[[], Callable[[Path], Any] | None] = lambda: None,
+    ) -> None:
+        # Getters: the settings carry the latest validation's tuned threshold, and the latest
+        # validation's outputs (data.save_predictions) change with every validation.
+        self.model, self.tokenizer, self.settings, self.predictions = model, tokenizer, settings, predictions
+
+    def on_checkpoint_write_end(self, checkpoint_dir: str) -> None:
+        model_io.export_hf(self.model, self.tokenizer, self.settings(), Path(checkpoint_dir))
+        write = self.predictions()
+        if write is not None:
+            write(Path(checkpoint_dir) / "predictions")

@@ -1,0 +1,254 @@
+"""What train.py does with checkpoints before the Trainer runs: a checkpoint to resume checked
+whole (files, sizes, and every pickle scanned against an allowlist of exact names before
+Determined unpickles it), local storage prepared, the latest complete checkpoint found."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import pickle
+import zipfile
+from pathlib import Path
+from typing import Any
+
+from extractive_qa.det_internals import uploaded
+from extractive_qa.errors import ConfigError
+from extractive_qa.files import check_output_dir
+
+# --------------------------------------------------------------------------------------------
+# A checkpoint to resume, and local checkpoint storage.
+# --------------------------------------------------------------------------------------------
+
+
+def check_checkpoint(checkpoint: Path, what: str) -> int:
+    """A complete, undamaged Determined checkpoint, or a ConfigError naming the file; returns its
+    steps_completed. Runs before any training, so a truncated copy never ends in torch's raw
+    zip-reader traceback after the model and data are loaded."""
+    import zipfile
+
+    state, meta = checkpoint / "state_dict.pth", checkpoint / "metadata.json"
+    needed = (state, meta, checkpoint / "trial_state.pkl")
+    if not any(path.is_file() for path in needed):
+        raise ConfigError(
+            f"{what} {checkpoint}: not a checkpoint written by train.py "
+            "(needs state_dict.pth, metadata.json and trial_state.pkl)."
+        )
+    for path in needed:
+        if not path.is_file():
+            raise ConfigError(
+                f"{what} {checkpoint}: incomplete checkpoint, {path.name} is missing "
+                "(not written by train.py, or the copy was cut short)."
+            )
+    try:
+        steps = int(json.loads(meta.read_text())["steps_completed"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ConfigError(f"{what} {meta}: damaged checkpoint metadata ({err}).") from None
+    try:  # torch.save writes a zip archive; check every member against its CRC
+        with zipfile.ZipFile(state) as archive:
+            bad = archive.testzip()
+    except (OSError, zipfile.BadZipFile, EOFError) as err:
+        raise ConfigError(
+            f"{what} {state}: damaged or truncated checkpoint ({err}); resume from an earlier "
+            "checkpoint or copy this one again."
+        ) from None
+    if bad is not None:
+        raise ConfigError(f"{what} {state}: damaged checkpoint (member {bad} fails its CRC).")
+    # Determined unpickles both files; nothing in them may name code to run.
+    check_checkpoint_pickles(checkpoint)
+    return steps
+
+
+def prepare_resume(checkpoint: Path, storage_root: Path) -> tuple[str, int]:
+    """Make a checkpoint directory restorable by Determined's local storage; return (id, steps)."""
+    steps = check_checkpoint(checkpoint, "--resume")
+    storage_root.mkdir(parents=True, exist_ok=True)
+    target = storage_root / checkpoint.name
+    if not (target.exists() and target.resolve() == checkpoint.resolve()):
+        target = storage_root / f"resume-{checkpoint.name}"
+        # Every local rank gets here (torchrun): link under a private name, then rename over the
+        # target -- atomic, so concurrent ranks cannot trip over each other's link.
+        private = storage_root / f".{target.name}.{os.getpid()}"
+        private.symlink_to(checkpoint.resolve(), target_is_directory=True)
+        os.replace(private, target)
+    return target.name, steps
+
+
+def verify_on_chief(distributed: Any, checkpoint: Path, what: str) -> None:
+    """The chief alone reads and CRC-checks the checkpoint (bert-base: ~1.3 GB from shared storage,
+    once instead of once per rank); every rank gets its verdict and a damaged checkpoint stops
+    them all with the same message (exit 2)."""
+    verdict: dict[str, Any] | None = None
+    if distributed.rank == 0:
+        logging.getLogger("squad").info(
+            "verifying %s %s for all %d ranks", what, checkpoint, distributed.size
+        )
+        try:
+            verdict = {"steps": check_checkpoint(checkpoint, what)}
+        except ConfigError as err:
+            verdict = {"error": str(err)}
+    verdict = distributed.broadcast(verdict)
+    if "error" in verdict:
+        raise ConfigError(verdict["error"])
+
+
+def check_local_storage(checkpoint_dir: Path, root: Path) -> None:
+    """Before a local run starts: its checkpoint directory can hold checkpoints without eating the
+    run (not inside the upload) and can be written."""
+    check_outside_upload(checkpoint_dir, root, "--checkpoint-dir")
+    check_output_dir(checkpoint_dir, "--checkpoint-dir")
+
+
+def prepare_local_storage(checkpoint_dir: Path) -> None:
+    """Just before a local run trains: its storage is not world-writable, and partial checkpoints of
+    an interrupted run are named."""
+    base = checkpoint_dir / "determined"
+    # Determined creates its storage root world-writable (common/storage/base.py, umask 0, mode
+    # 0o777) so that containers of any user can write on shared storage. On one machine that lets
+    # any local user plant a checkpoint; made here first, it is the user's alone.
+    base.mkdir(mode=0o755, parents=True, exist_ok=True)
+    mode = base.stat().st_mode
+    if mode & 0o022:
+        os.chmod(base, mode & ~0o022)
+    partial = sorted(p.name for p in base.iterdir() if p.is_dir() and not (p / "metadata.json").is_file())
+    if partial:
+        logging.getLogger("squad").warning(
+            "%s holds %d partial checkpoint(s) of an interrupted run (no metadata.json): %s; "
+            "they cannot be resumed from and can be deleted.",
+            base, len(partial), ", ".join(partial[:5]),
+        )  # fmt: skip
+
+
+def check_outside_upload(path: Path, root: Path, flag: str) -> None:
+    """Determined copies the project directory (minus .detignore) into every checkpoint's code/;
+    a directory of outputs inside it would be copied into itself, run after run."""
+    if not path.resolve().is_relative_to(root.resolve()) or path.resolve() == root.resolve():
+        if path.resolve() == root.resolve():
+            raise ConfigError(f"{flag} {path}: is the project directory itself; use {root / 'checkpoints'}.")
+        return
+    if uploaded(root.resolve(), path.resolve()):
+        raise ConfigError(
+            f"{flag} {path}: inside the project directory, which Determined copies into every "
+            "checkpoint (code/): the checkpoints would be copied into themselves. Use "
+            f"{root / 'checkpoints'} or {root / 'runs'} (both in .detignore), or a directory "
+            "outside the project."
+        )
+
+
+def latest_checkpoint(storage: Path) -> Path:
+    """The complete checkpoint with the most steps in a local storage directory (`--resume latest`).
+
+    Every rank of a torchrun job decides alone; they agree because they read the same directory
+    (on several machines: shared storage, which resuming there needs anyway)."""
+    found = []
+    for path in storage.glob("*/metadata.json") if storage.is_dir() else []:
+        try:
+            steps = int(json.loads(path.read_text())["steps_completed"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # damaged or partial: never the one to resume from
+        found.append((steps, path.stat().st_mtime, path.parent))
+    if not found:
+        raise ConfigError(
+            f"--resume latest: no complete checkpoint in {storage}; start without --resume, or "
+            "give the --checkpoint-dir the run wrote to."
+        )
+    return max(found)[2]
+
+
+# --------------------------------------------------------------------------------------------
+# Pickles scanned before Determined unpickles them: only allowlisted names, nothing runs.
+# --------------------------------------------------------------------------------------------
+
+
+# What torch.save writes for this trial's state (weights, optimizer and scheduler state, every
+# rank's RNG states as NumPy arrays and tensors); trial_state.pkl holds plain values only.
+_NUMPY_CORES = ("numpy.core.multiarray", "numpy._core.multiarray")
+ALLOWED_IN_STATE_DICT = frozenset(
+    {
+        ("collections", "OrderedDict"),
+        ("_codecs", "encode"),
+        ("torch._utils", "_rebuild_tensor_v2"),
+        ("torch._utils", "_rebuild_parameter"),
+        ("torch", "Size"),
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+        *((core, "_reconstruct") for core in _NUMPY_CORES),
+        *((core, "scalar") for core in _NUMPY_CORES),
+    }
+)
+_TORCH_STORAGES = frozenset(
+    f"{kind}Storage"
+    for kind in (
+        "Byte", "Char", "Short", "Int", "Long", "Half", "Float", "Double", "BFloat16", "Bool", "Untyped"
+    )  # fmt: skip
+)
+_NUMPY_DTYPE_CLASSES = "numpy.dtypes"  # numpy 2 pickles dtypes by class (e.g. UInt32DType)
+
+
+class _Inert:
+    """What an allowed global becomes while scanning: accepts any call and state, does nothing."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def __setstate__(self, state: Any) -> None:
+        pass
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        pass
+
+    def append(self, value: Any) -> None:
+        pass
+
+    def extend(self, values: Any) -> None:
+        pass
+
+
+class _Scanner(pickle.Unpickler):
+    def __init__(self, data: bytes, allowed: frozenset[tuple[str, str]], where: str) -> None:
+        super().__init__(io.BytesIO(data))
+        self.allowed, self.where = allowed, where
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in self.allowed or (
+            self.allowed is ALLOWED_IN_STATE_DICT
+            and ((module == "torch" and name in _TORCH_STORAGES) or module == _NUMPY_DTYPE_CLASSES)
+        ):
+            return _Inert
+        raise ConfigError(
+            f"{self.where}: refers to {module}.{name}, which no checkpoint of this trial contains; "
+            "refusing to load it (it could run code). Resume only checkpoints this project wrote."
+        )
+
+    def persistent_load(self, pid: Any) -> Any:  # torch's tensor storages live beside the pickle
+        return None
+
+
+def scan(data: bytes, allowed: frozenset[tuple[str, str]], where: str) -> None:
+    """Walk one pickle with every global checked; ConfigError if it is refused or unreadable."""
+    try:
+        _Scanner(data, allowed, where).load()
+    except ConfigError:
+        raise
+    except Exception as err:  # a damaged pickle: say so rather than let Determined trip on it
+        reason = f"{type(err).__name__}: {str(err)[:200]}"
+        raise ConfigError(f"{where}: not a readable pickle ({reason}).") from None
+
+
+def check_checkpoint_pickles(checkpoint: Path) -> None:
+    """trial_state.pkl (plain values only) and state_dict.pth (the allowlist above)."""
+    for name in ("trial_state.pkl", "workload_sequencer.pkl"):
+        path = checkpoint / name
+        if path.is_file():
+            scan(path.read_bytes(), frozenset(), str(path))
+    state = checkpoint / "state_dict.pth"
+    if not state.is_file():
+        return
+    if zipfile.is_zipfile(state):  # torch.save's format: the pickle is the archive's data.pkl
+        with zipfile.ZipFile(state) as archive:
+            for member in archive.namelist():
+                if member.endswith(".pkl"):
+                    scan(archive.read(member), ALLOWED_IN_STATE_DICT, f"{state} ({member})")
+    else:  # the legacy format: one pickle
+        scan(state.read_bytes(), ALLOWED_IN_STATE_DICT, str(state))

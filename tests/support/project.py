@@ -1,0 +1,93 @@
+"""The project as the tests see it: its paths and bundled SQuAD excerpts, a small experiment
+config, and its entry scripts run in this process or as a user runs them."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.support.cli_result import last_json
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "squad_data"
+TRAIN_V1 = DATA / "train-v1.1-excerpt.json"
+DEV_V1 = DATA / "dev-v1.1-excerpt.json"
+DEV_V2 = DATA / "dev-v2.0-excerpt.json"
+
+
+def tiny_config(model: Path, tmp: Path, **data_overrides: Any) -> dict[str, Any]:
+    """A fast experiment config: tiny model, the real excerpts, 128-token windows."""
+    return {
+        "name": "test",
+        "entrypoint": "python3 train.py",
+        "data": {
+            "pretrained_model": str(model),
+            "train_file": str(TRAIN_V1),
+            "validation_file": str(DEV_V1),
+            "squad_version": "1.1",
+            "cache_dir": str(tmp / "cache"),
+            "max_seq_length": 128,
+            "doc_stride": 32,
+            "max_query_length": 32,
+            **data_overrides,
+        },
+        "hyperparameters": {
+            "global_batch_size": 8,
+            "learning_rate": 1e-3,
+            "warmup_ratio": 0.0,
+            "optimizer": "adamw",
+            "precision": "fp32",
+            "train_length": {"type": "const", "val": {"batches": 4}},
+        },
+        "searcher": {"name": "single", "metric": "f1", "smaller_is_better": False},
+        "checkpoint_policy": "none",
+        "scheduling_unit": 2,
+        "reproducibility": {"experiment_seed": 7},
+    }
+
+
+def write_yaml(conf: dict[str, Any], path: Path) -> Path:
+    path.write_text(yaml.safe_dump(conf))
+    return path
+
+
+def run_train(args: list[str]) -> tuple[int, dict[str, Any] | None, str]:
+    """train.main in this process: (exit code, last stdout JSON, stderr)."""
+    import train
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = train.main(args)
+    lines = [line for line in out.getvalue().splitlines() if line.strip()]
+    result = json.loads(lines[-1]) if code == 0 and lines else None
+    return code, result, err.getvalue()
+
+
+def run_cli(args: list[str], cwd: Path | None = None) -> dict[str, Any]:
+    """Run one of the project's CLIs (`[script, *args]`, or `["-m", module, *args]`) from the
+    repository root as a user would; its last stdout line, parsed as JSON. A non-zero exit fails
+    the test with the CLI's stderr."""
+    import subprocess
+
+    out = subprocess.run(
+        [sys.executable, *(args if args[0] == "-m" else [str(ROOT / args[0]), *args[1:]])],
+        capture_output=True,
+        text=True,
+        cwd=cwd or ROOT,
+        timeout=600,
+    )
+    assert out.returncode == 0, f"{args[0]} exited {out.returncode}: {out.stderr[-3000:]}"
+    return last_json(out.stdout)
+
+
+def one_process_scores(checkpoint: Path | str, squad_file: Path | str, tmp: Path) -> dict[str, Any]:
+    """EM/F1 of a checkpoint evaluated by one process: predict.py, then squad_metric.py."""
+    preds = tmp / "one-process-predictions.json"
+    run_cli(["predict.py", "--checkpoint", str(checkpoint), "--squad", str(squad_file), "--out", str(preds)])
+    return run_cli(["-m", "extractive_qa.qa.squad_metric", str(squad_file), str(preds)])
