@@ -48,8 +48,15 @@ class SquadTrial(pytorch.PyTorchTrial):
         # Windowing, evaluation batching, precision and extraction: what evaluation uses, what
         # every checkpoint's hf/ saves, and what predict.py loads -- one object.
         eval_batch = self.plan.data.eval_batch_size_per_slot(context.get_per_slot_batch_size())
-        self.qa = qa_settings.QASettings.from_run(self.plan.data, self.plan.hparams, eval_batch)
-        if self.plan.hparams.precision == "fp16" and context.device.type != "cuda":
+        # `auto` is settled here, where the device is known; the checkpoint saves the result.
+        self.precision, self.precision_why = model_io.resolve_precision(
+            self.plan.hparams.precision, context.device.type
+        )
+        self.qa = dataclasses.replace(
+            qa_settings.QASettings.from_run(self.plan.data, self.plan.hparams, eval_batch),
+            precision=self.precision,
+        )
+        if self.precision == "fp16" and context.device.type != "cuda":
             raise ConfigError(
                 "hyperparameters.precision: fp16 needs a CUDA GPU (use bf16 or fp32 on CPU)."
             )
@@ -109,14 +116,17 @@ class SquadTrial(pytorch.PyTorchTrial):
             ) from None
         if hp.gradient_checkpointing:
             compat.enable_activation_checkpointing(model)
+        if self.precision in model_io.AUTOCAST_DTYPES:
+            model_io.fp32_logits(model)
         if context.distributed.rank == 0:
             logger.info(
-                "model %s (%s): attention %s (%s), gradient checkpointing %s",
-                model_name, type(model).__name__, model.config._attn_implementation,
-                self.plan.attention_note, "on" if hp.gradient_checkpointing else "off",
+                "model %s (%s): precision %s (%s), attention %s (%s), gradient checkpointing %s",
+                model_name, type(model).__name__, self.precision, self.precision_why,
+                model.config._attn_implementation, self.plan.attention_note,
+                "on" if hp.gradient_checkpointing else "off",
             )  # fmt: skip
         self.scaler = None
-        if hp.precision == "fp16":
+        if self.precision == "fp16":
             self.scaler = context.wrap_scaler(torch.amp.GradScaler("cuda"))
         self.accepted = forward_params(model)
         self.model = context.wrap_model(model)
@@ -189,7 +199,7 @@ class SquadTrial(pytorch.PyTorchTrial):
         )
 
     def autocast(self) -> torch.autocast:
-        return model_io.autocast(self.context.device.type, self.plan.hparams.precision)
+        return model_io.autocast(self.context.device.type, self.precision)
 
     def accumulating(self, batch_idx: int) -> contextlib.AbstractContextManager:
         """DDP's no_sync() for batches that only accumulate gradients (aggregation_frequency > 1).

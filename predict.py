@@ -98,8 +98,9 @@ class Predictor:
                 "--device cuda: this torch has no usable CUDA GPU (a CPU build, or no GPU visible); "
                 "use --device cpu."
             )
-        # The precision evaluation ran with, so the logits -- and EM/F1 -- are the trial's.
-        self.precision = precision or self.settings.precision
+        # The precision evaluation ran with, so the logits -- and EM/F1 -- are the trial's; `auto`
+        # picks for this device as a run does.
+        self.precision, _ = model_io.resolve_precision(precision or self.settings.precision, self.device.type)
         if self.precision == "fp16" and self.device.type != "cuda":
             print("predict: fp16 autocast needs CUDA; computing in fp32 on the CPU.", file=sys.stderr)
             self.precision = "fp32"
@@ -113,6 +114,8 @@ class Predictor:
                 f"--checkpoint {checkpoint}: cannot load the model in {hf} ({reason}); the weights "
                 "may be damaged or cut short: copy the checkpoint again."
             ) from None
+        if self.precision in model_io.AUTOCAST_DTYPES:
+            model_io.fp32_logits(model)
         self.model = model.to(self.device).eval()
         self.spec = self.settings.window_spec
         self.batch_size = batch_size or self.settings.eval_batch_size
@@ -205,8 +208,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int)
     parser.add_argument(
         "--precision",
-        choices=["fp32", "bf16", "fp16"],
-        help="autocast precision (default: the one evaluation used, from hf/qa_settings.json)",
+        choices=["auto", "fp32", "bf16", "fp16"],
+        help="autocast precision (default: the one evaluation used, from hf/qa_settings.json; auto: "
+        "bf16 on a CPU with bf16 matrix units, else fp32)",
     )
     args = parser.parse_args(argv)
     single = args.question is not None or args.context is not None

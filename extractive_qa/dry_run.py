@@ -18,6 +18,7 @@ from extractive_qa.config.experiment import asha_brackets, from_command_line
 from extractive_qa.config.run_plan import Length, RunPlan, batches_per_epoch, optimizer_steps, total_batches
 from extractive_qa.config.settings import DataSettings
 from extractive_qa.files import ROOT
+from extractive_qa.trial.model_io import local_device, resolve_precision
 from extractive_qa.trial.optimization import radam_warning
 
 
@@ -61,7 +62,7 @@ def describe(plan: run_plan.RunPlan, conf: dict[str, Any], slots: int) -> dict[s
         "reference_learning_rate": plan.hparams.learning_rate,
         "reference_batch_size": plan.hparams.reference_batch_size,
         "lr_scaling": plan.hparams.lr_scaling,
-        "precision": plan.hparams.precision,
+        "precision": "{} ({})".format(*resolve_precision(plan.hparams.precision, local_device())),
         "attention": f"{plan.attention} ({plan.attention_note})",
         "gradient_checkpointing": plan.hparams.gradient_checkpointing,
         "batching": f"{plan.hparams.batching} (pad_to_multiple_of {plan.hparams.pad_to_multiple_of})",

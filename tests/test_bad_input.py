@@ -390,6 +390,9 @@ def test_predict_checks_its_inputs_and_outputs_before_any_work(trained, tmp_path
     settings.write_text(json.dumps({**raw, "max_seq_length": "long"}))
     code, _, err = _cli("predict.py", "--checkpoint", str(damaged), *question)
     assert code == 2 and "max_seq_length" in err and "Traceback" not in err
+    settings.write_text(json.dumps({**raw, "precision": "fp8"}))  # a string, but no precision
+    code, _, err = _cli("predict.py", "--checkpoint", str(damaged), *question)
+    assert code == 2 and "precision is 'fp8'" in err and "Traceback" not in err
 
 
 def test_the_key_lists_are_the_masters_schemas() -> None:

@@ -20,6 +20,7 @@ import yaml
 
 from extractive_qa.config import experiment, run_plan
 from extractive_qa.config.settings import Hyperparameters
+from extractive_qa.trial import model_io
 from tests.support import det_cluster, det_master
 from tests.support.project import DEV_V1, ROOT, TRAIN_V1, one_process_scores, run_cli
 
@@ -293,7 +294,7 @@ def test_the_upload_carries_the_bundled_data_local_yaml_reads() -> None:
 def test_local_yaml_runs_on_the_cluster_from_the_upload(tmp_path: Path) -> None:
     """local.yaml as the master hands it (only its length cut to 2 batches): the context brings
     the bundled data, the startup hook finds (or installs) the embedded model, the trial trains and
-    validates on the 810 bundled questions."""
+    validates on the 810 bundled questions, in the precision `auto` picks for this CPU."""
     conf = experiment.load_yaml(ROOT / "local.yaml")
     hp = experiment.local_hparams(conf)
     hp["train_length"] = {"batches": 2}
@@ -304,6 +305,11 @@ def test_local_yaml_runs_on_the_cluster_from_the_upload(tmp_path: Path) -> None:
     val = cluster.master.validations()[-1]
     assert val["steps_completed"] == 2 and 0 <= val["metrics"]["exact_match"] <= val["metrics"]["f1"] <= 100
     assert val["metrics"]["eval_windows"] >= 810  # every bundled question has a window
+    # precision: auto, settled in the container for its CPU and saved with the checkpoint
+    picked, why = model_io.resolve_precision("auto", "cpu")
+    ckpt = cluster.storage / cluster.master.checkpoints[-1].uuid
+    assert json.loads((ckpt / "hf" / "qa_settings.json").read_text())["precision"] == picked
+    assert f"precision {picked} ({why})" in record.logs[0]
 
 
 @pytest.fixture(scope="module")

@@ -1,11 +1,87 @@
-"""The model's arithmetic settings on CUDA: TF32 as configured, cuDNN attention off."""
+"""The model's arithmetic: which precision `auto` picks on which hardware, fp32 logits under bf16
+autocast, and the CUDA math settings (TF32 as configured, cuDNN attention off)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
 import torch
 
 from extractive_qa.config import run_plan
 from extractive_qa.trial import model_io
+
+PROBES = [probe for _, probe, _ in model_io.CPU_BF16_UNITS]
+
+
+def _cpu(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, has: set[str], probes: bool = True) -> None:
+    """Pretend this CPU has the bf16 units `has` (probe names), through torch's probes or, as on
+    torch 2.3, which has none, through /proc/cpuinfo's flags."""
+    flags = {flag for _, probe, flag in model_io.CPU_BF16_UNITS if probe in has}
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("flags\t\t: fpu sse avx2 " + " ".join(sorted(flags)) + "\n")
+    monkeypatch.setattr(model_io, "CPUINFO", cpuinfo)
+    for probe in PROBES:
+        if probes:
+            monkeypatch.setattr(torch.cpu, probe, lambda on=probe in has: on, raising=False)
+        elif hasattr(torch.cpu, probe):
+            monkeypatch.delattr(torch.cpu, probe)
+
+
+@pytest.mark.parametrize("probes", [True, False], ids=["torch-probes", "cpuinfo-flags"])
+def test_auto_picks_bf16_only_where_the_cpu_has_bf16_matrix_units(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, probes: bool
+) -> None:
+    _cpu(monkeypatch, tmp_path, set(), probes)
+    assert model_io.resolve_precision("auto", "cpu") == (
+        "fp32",
+        "auto: this CPU has no bf16 matrix units (AMX, AVX512-BF16)",
+    )
+    _cpu(monkeypatch, tmp_path, {"_is_avx512_bf16_supported"}, probes)
+    assert model_io.resolve_precision("auto", "cpu") == ("bf16", "auto: this CPU has AVX512-BF16")
+    _cpu(monkeypatch, tmp_path, set(PROBES), probes)
+    both = "auto: this CPU has AMX tiles and AVX512-BF16"
+    assert model_io.resolve_precision("auto", "cpu") == ("bf16", both)
+    # CUDA keeps the GPU recipe; an explicit choice is never changed.
+    assert model_io.resolve_precision("auto", "cuda")[0] == "fp32"
+    assert model_io.resolve_precision("bf16", "cpu") == ("bf16", "set explicitly")
+    _cpu(monkeypatch, tmp_path, set(), probes)
+    assert model_io.resolve_precision("bf16", "cpu") == ("bf16", "set explicitly")
+    assert model_io.resolve_precision("fp32", "cpu") == ("fp32", "set explicitly")
+
+
+def test_the_default_precision_is_auto() -> None:
+    conf = {"data": {"train_file": "a", "validation_file": "b"}}
+    assert run_plan.run_plan(conf, {"train_length": {"epochs": 1}}, slots=1).hparams.precision == "auto"
+
+
+def test_bf16_autocast_keeps_the_logits_and_the_loss_in_fp32(tiny_bert: Path) -> None:
+    """Under bf16 autocast the encoder's matmuls run in bf16 but the QA head does not: logits and
+    loss are fp32 (without fp32_logits they are bf16), parameters and saved names unchanged."""
+    from transformers import AutoModelForQuestionAnswering
+
+    torch.manual_seed(0)
+    model = AutoModelForQuestionAnswering.from_pretrained(tiny_bert).eval()
+    ids = torch.randint(5, 1000, (2, 24))
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    labels = {"start_positions": torch.tensor([3, 4]), "end_positions": torch.tensor([5, 9])}
+    with torch.no_grad(), model_io.autocast("cpu", "bf16"):
+        plain = model(**inputs, **labels)
+    keys = sorted(model.state_dict())
+    model_io.fp32_logits(model)
+    model_io.fp32_logits(model)  # once is enough: a second call changes nothing
+    with torch.no_grad(), model_io.autocast("cpu", "bf16"):
+        kept = model(**inputs, **labels)
+    with torch.no_grad():
+        full = model(**inputs, **labels)
+    assert plain.start_logits.dtype == torch.bfloat16
+    assert kept.start_logits.dtype == kept.end_logits.dtype == kept.loss.dtype == torch.float32
+    assert sorted(model.state_dict()) == keys
+    # bf16 matmuls, fp32 head: close to fp32, closer than bf16 logits are
+    assert (kept.start_logits - full.start_logits).abs().max() < 0.05
+    assert (kept.start_logits - full.start_logits).abs().max() <= (
+        plain.start_logits.float() - full.start_logits
+    ).abs().max()
 
 
 def test_cuda_math_settings() -> None:

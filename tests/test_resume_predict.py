@@ -53,6 +53,25 @@ def test_resume_mid_epoch_with_aggregation_equals_uninterrupted(tiny_bert: Path,
         assert resumed[key] == pytest.approx(full[key], abs=1e-6), key
 
 
+def test_bf16_resume_equals_uninterrupted(tiny_bert: Path, tmp_path: Path) -> None:
+    """bf16 autocast over fp32 weights and AdamW state: a run resumed mid-epoch ends where the
+    uninterrupted run does."""
+    conf = tiny_config(tiny_bert, tmp_path)
+    conf["min_checkpoint_period"] = {"batches": 4}
+    conf["hyperparameters"].update(precision="bf16", warmup_ratio=0.2, learning_rate=3e-3)
+    path = write_yaml(conf, tmp_path / "exp.yaml")
+    full_dir = tmp_path / "full"
+    code, full, err = run_train(["--config", str(path), "--checkpoint-dir", str(full_dir), "--batches", "8"])
+    assert code == 0, err
+    mid = _checkpoints(full_dir)[4]
+    resume = ["--checkpoint-dir", str(tmp_path / "resumed"), "--resume", str(mid), "--batches", "8"]
+    code, resumed, err = run_train(["--config", str(path), *resume])
+    assert code == 0, err
+    assert resumed["steps_completed"] == full["steps_completed"] == 8
+    for key in ("exact_match", "f1", "last_train_loss"):
+        assert resumed[key] == pytest.approx(full[key], abs=1e-6), key
+
+
 def _torchrun_train(conf_path: Path, checkpoint_dir: Path, *extra: str) -> dict:
     from extractive_qa import scaling_runs
 

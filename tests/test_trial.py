@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import torch
 from extractive_qa import scaling_runs
 from extractive_qa.data.features import load_tokenizer
 from extractive_qa.errors import DataError
+from extractive_qa.trial import model_io
 from tests.support import allreduce_probe
 from tests.support.cli_result import last_json
 from tests.support.project import DEV_V2, ROOT, one_process_scores, run_train, tiny_config, write_yaml
@@ -79,6 +81,44 @@ def test_each_optimizer_and_precision(
     # 6 optimizer steps are far too few for RAdam's rectifier: the run says so before training.
     warned = [r for r in caplog.records if "rectifier keeps the step under half" in r.getMessage()]
     assert len(warned) == (optimizer == "radam")
+
+
+@pytest.mark.parametrize("units", [["AVX512-BF16"], []], ids=["bf16-units", "no-bf16-units"])
+def test_auto_precision_is_settled_on_the_machine_said_and_saved(
+    units: list[str], tiny_bert: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog
+) -> None:
+    """`precision: auto` on a CPU with and without bf16 matrix units (torch's probe forced both
+    ways): the dry run and the run's model line say what was picked and why, and the checkpoint's
+    qa_settings.json holds the pick, so predict.py answers with the same arithmetic."""
+    monkeypatch.setattr(model_io, "cpu_bf16_units", lambda: units)
+    caplog.set_level(logging.INFO, logger="squad")
+    want = ("bf16", "auto: this CPU has AVX512-BF16") if units else (
+        "fp32", "auto: this CPU has no bf16 matrix units (AMX, AVX512-BF16)"
+    )
+    conf = tiny_config(tiny_bert, tmp_path)
+    conf["hyperparameters"]["precision"] = "auto"
+    code, plan, err = _run(conf, tmp_path, "--dry-run")
+    assert code == 0, err
+    assert plan["precision"] == f"{want[0]} ({want[1]})"
+    code, result, err = _run(conf, tmp_path, "--batches", "2")
+    assert code == 0, err
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("model ")]
+    assert said and f"precision {want[0]} ({want[1]})" in said[0], said
+    saved = json.loads((Path(result["checkpoint"]) / "hf" / "qa_settings.json").read_text())
+    assert saved["precision"] == want[0]
+
+
+def test_gradient_checkpointing_in_bf16_changes_nothing_but_memory(tiny_bert: Path, tmp_path: Path) -> None:
+    results = []
+    for on in (False, True):
+        (tmp_path / str(on)).mkdir()
+        conf = tiny_config(tiny_bert, tmp_path / str(on))
+        conf["hyperparameters"].update(precision="bf16", gradient_checkpointing=on)
+        code, result, err = _run(conf, tmp_path / str(on), "--batches", "3")
+        assert code == 0, err
+        results.append(result)
+    for key in ("last_train_loss", "exact_match", "f1"):
+        assert results[0][key] == pytest.approx(results[1][key], abs=1e-6), key
 
 
 def test_aggregation_frequency_from_the_yaml_reaches_the_trial(tiny_bert: Path, tmp_path: Path) -> None:
@@ -199,8 +239,14 @@ def test_slow_tokenizer_is_refused(tmp_path: Path, tokenizer) -> None:
         pytest.skip(f"transformers converted the vocabulary to a fast tokenizer ({type(loaded).__name__})")
 
 
-def test_torchrun_two_processes_equals_one_process_evaluation(tiny_bert: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_torchrun_two_processes_equals_one_process_evaluation(
+    precision: str, tiny_bert: Path, tmp_path: Path
+) -> None:
+    """Two gloo processes train and evaluate; one process evaluating the checkpoint (predict.py,
+    at the precision the checkpoint saved) scores the same."""
     conf = tiny_config(tiny_bert, tmp_path)
+    conf["hyperparameters"]["precision"] = precision
     path = write_yaml(conf, tmp_path / "exp.yaml")
     program = [str(ROOT / "train.py"), "--config", str(path), "--checkpoint-dir", str(tmp_path / "ckpt")]
     cmd, env = scaling_runs.torchrun(2, program)

@@ -29,7 +29,7 @@ BATCHINGS = ("padded", "random", "buckets", "sorted")
 # hyperparameters.lr_scaling: the power of (samples per optimizer step / reference_batch_size).
 LR_POWERS = {"none": 0.0, "sqrt": 0.5, "linear": 1.0}
 LR_SCALINGS = tuple(LR_POWERS)
-PRECISIONS = ("fp32", "fp16", "bf16")
+PRECISIONS = ("auto", "fp32", "fp16", "bf16")
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,10 @@ class Hyperparameters:
         "adamw", "adamw, radam (the write-up's choice for aggregation) or lamb", choices=OPTIMIZERS
     )
     precision: str = setting(
-        "fp32", "fp32, bf16 (autocast) or fp16 (autocast + loss scaling, CUDA only)", choices=PRECISIONS
+        "auto",
+        "auto (on a CPU with bf16 matrix units -- AMX or AVX512-BF16 -- bf16, else fp32; fp32 on CUDA), "
+        "fp32, bf16 (autocast) or fp16 (autocast + loss scaling, CUDA only)",
+        choices=PRECISIONS,
     )
     batching: str = setting(
         "sorted",

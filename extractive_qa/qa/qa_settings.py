@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from extractive_qa.config.settings import DataSettings, Hyperparameters, WindowSpec
+from extractive_qa.config.settings import PRECISIONS, DataSettings, Hyperparameters, WindowSpec
 from extractive_qa.data import squad_files
 from extractive_qa.data.features import Features
 from extractive_qa.errors import DataError
@@ -114,6 +114,11 @@ class QASettings:
                     f"{path}: {f.name} is {values[f.name]!r}, expected {f.type}; the file is damaged "
                     "or edited: re-export the checkpoint."
                 )
+        if values.get("precision", "fp32") not in PRECISIONS:
+            raise DataError(
+                f"{path}: precision is {values['precision']!r}, not one of {', '.join(PRECISIONS)}; "
+                "the file is damaged or edited: re-export the checkpoint."
+            )
         return cls(**values)
 
 
