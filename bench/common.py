@@ -13,6 +13,7 @@ import io
 import itertools
 import json
 import os
+import platform
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -80,6 +81,8 @@ class Loop:
         if device.type == "cuda":
             model_io.configure_cuda_math(rung.tf32)
         model = AutoModelForQuestionAnswering.from_pretrained(model_path, **load_model_kwargs(rung.attn))
+        if rung.precision in model_io.AUTOCAST_DTYPES:
+            model_io.fp32_logits(model)  # as the trial does
         self.model = model.to(device).train()
         self.accepted = forward_params(model)
         if rung.optimizer == "plain":
@@ -101,26 +104,56 @@ class Loop:
         self.device, self.max_norm = device, hp.max_grad_norm
 
     def step(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        # The labelled ranges are what bench.cpu_step's profile groups time by.
+        record = torch.profiler.record_function
         inputs = {
             k: v.to(self.device, non_blocking=True)
             for k, v in model_inputs(batch, self.accepted).items()
         }
-        with model_io.autocast(self.device.type, self.precision):
+        with record("forward"), model_io.autocast(self.device.type, self.precision):
             loss = self.forward(**inputs).loss
-        if self.scaler:
-            self.scaler.scale(loss).backward()
-            self.scaler.unscale_(self.optimizer)
-        else:
-            loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_norm)
-        if self.scaler:
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-        else:
-            self.optimizer.step()
-        self.schedule.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        with record("backward"):
+            if self.scaler:
+                self.scaler.scale(loss).backward()
+                self.scaler.unscale_(self.optimizer)
+            else:
+                loss.backward()
+        with record("optimizer"):
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_norm)
+            if self.scaler:
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+            else:
+                self.optimizer.step()
+            self.schedule.step()
+            self.optimizer.zero_grad(set_to_none=True)
         return loss.detach()
+
+
+def cpu_description() -> dict[str, Any]:
+    """What a CPU figure is measured on: model name and family, cores, torch's threads, the bf16
+    units `precision: auto` looks for, and the vector / matrix flags the kernels can use."""
+    name, family, flags = platform.processor() or platform.machine(), "", set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = (part.strip() for part in line.partition(":"))
+            if key == "model name" and name == (platform.processor() or platform.machine()):
+                name = value
+            elif key in ("cpu family", "model") and len(family.split()) < 4:
+                family += f" {key} {value}"
+            elif key == "flags" and not flags:
+                flags = set(value.split())
+    except OSError:
+        pass
+    return {
+        "cpu": name,
+        "family": family.strip(),
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "bf16_units": model_io.cpu_bf16_units() or ["none"],
+        "flags": sorted(f for f in flags if f.startswith(("avx512", "amx", "avx2", "fma", "avx_vnni"))),
+        "torch": torch.__version__,
+    }
 
 
 def sync(device: torch.device) -> None:

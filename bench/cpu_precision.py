@@ -25,43 +25,19 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import os
-import platform
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from bench import study
+from bench.common import cpu_description
 from bench.study import ROOT
 
 CONFIG = "local.yaml"
 SEEDS = "42,43,44,45,46"
 PRECISIONS = ("fp32", "bf16")
 BOUND = 1.5  # the default switches only if the paired F1 interval's lower end is at least -BOUND
-
-
-def cpu_description() -> dict[str, Any]:
-    """What a CPU figure is measured on: model name, cores, torch's threads and its bf16 units."""
-    import torch
-
-    from extractive_qa.trial.model_io import cpu_bf16_units
-
-    name = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {
-        "cpu": name,
-        "cores": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "bf16_units": cpu_bf16_units() or ["none"],
-        "torch": torch.__version__,
-    }
 
 
 def runs(seeds: list[int]) -> list[study.Run]:
@@ -73,9 +49,11 @@ def runs(seeds: list[int]) -> list[study.Run]:
 
 
 def report(result: dict[str, Any]) -> str:
-    rows = result["rows"]
+    rows, m = result["rows"], result.get("machine", {})
+    machine = f"{m.get('cpu', '?')} {m.get('family', '')}".strip()
+    machine += f", {m.get('cores', '?')} cores, bf16 units: {', '.join(m.get('bf16_units', ['?']))}"
     lines = [
-        f"{CONFIG}, paired seeds; measured on {result.get('machine', {})}",
+        f"{CONFIG}, paired seeds, one run at a time; {machine}, torch {m.get('torch', '?')}",
         "",
         "| precision | n | F1 | EM | training s (mean) | paired F1 diff to fp32 [95 % CI] |",
         "|---|---|---|---|---|---|",
@@ -119,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "cpu-precision.json")
     args = parser.parse_args(argv)
     result = study.load(args.json, {"config": CONFIG})
-    result["machine"] = cpu_description()
+    if args.what != "report":  # a measurement: it names the CPU it ran on
+        result["machine"] = cpu_description()
     if args.what == "study":
         result["command"] = "python3 -m bench.cpu_precision study --seeds " + args.seeds
         result["date"] = time.strftime("%Y-%m-%d")
@@ -128,9 +107,11 @@ def main(argv: list[str] | None = None) -> int:
     elif args.what in ("profile", "levers"):
         from bench import cpu_step
 
-        result[args.what] = getattr(cpu_step, args.what)(args)
-        print(result[args.what]["table"])
-    study.save(args.json, result)
+        measured = getattr(cpu_step, args.what)(args)
+        result[args.what] = {**measured, "machine": cpu_description(), "date": time.strftime("%Y-%m-%d")}
+        print(measured["table"])
+    if args.what != "report":
+        study.save(args.json, result)
     if args.what in ("study", "report"):
         print(report(result))
     return 0

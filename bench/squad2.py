@@ -13,6 +13,10 @@ Sky_(United_Kingdom) (local-tune-v2.0.json), on which the no-answer threshold is
 Victoria_(Australia) (local-dev-v2.0.json), on which it is scored. Per run: EM/F1/HasAns/NoAns
 on Victoria at threshold 0 (the default), at the threshold tuned on Sky (honest), and best_f1 on
 Victoria at its own best threshold (optimistic: tuned on the set it scores).
+
+Precision: "v2" and "v1.1-style" run in fp32; "v2-bf16" is "v2" in bf16 autocast, paired with
+"v2" seed by seed, and its checkpoints are also answered with an fp32 forward pass (the same
+weights in both arithmetics). `--models v2-bf16` runs only those.
 """
 
 from __future__ import annotations
@@ -37,9 +41,13 @@ DATA = ROOT / "squad_data"
 CONFIG = "local_v2.yaml"
 TUNE = DATA / "local-tune-v2.0.json"
 EVALUATE = DATA / "local-dev-v2.0.json"
+FP32, BF16 = "hyperparameters.precision=fp32", "hyperparameters.precision=bf16"
 MODELS = {
-    "v2": (),
-    "v1.1-style": ("data.train_file=squad_data/local-train-v2.0-answerable.json",),
+    "v2": (FP32,),
+    "v1.1-style": ("data.train_file=squad_data/local-train-v2.0-answerable.json", FP32),
+    # The v2 model in bf16 autocast (what `precision: auto` picks on a CPU with bf16 units),
+    # paired with "v2" in fp32; its checkpoint is also answered with an fp32 forward pass.
+    "v2-bf16": (BF16,),
 }
 NEVER_NULL = "1e30"  # predict.py --null-threshold: every question gets its best span
 SEEDS = "42,43,44,45,46"
@@ -53,10 +61,14 @@ def scores_at(examples: list, spans: dict[str, str], odds: dict[str, float], thr
     return {k: full[k] for k in keys if k in full}
 
 
-def answer(checkpoint: str, squad: Path, out_dir: Path, env: dict[str, str]) -> tuple[dict, dict]:
-    """predict.py's best span and null odds for every question of `squad`."""
+def answer(
+    checkpoint: str, squad: Path, out_dir: Path, env: dict[str, str], precision: str | None = None
+) -> tuple[dict, dict]:
+    """predict.py's best span and null odds for every question of `squad` (at the checkpoint's
+    precision, or `precision`)."""
     command = [sys.executable, "predict.py", "--checkpoint", checkpoint, "--squad", str(squad)]
     command += ["--out-dir", str(out_dir), "--null-threshold", NEVER_NULL]
+    command += ["--precision", precision] if precision else []
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"predict.py on {squad.name} failed:\n{done.stderr[-3000:]}")
@@ -84,6 +96,14 @@ def one_run(model: str, seed: int, workdir: Path, threads: int | None) -> dict[s
     spans, odds = answer(trained["checkpoint"], EVALUATE, out / "evaluate", env)
     tuned = squad_metric.tuned_null_threshold(tune_examples, tune_spans, tune_odds)
     best = squad_metric.best_thresholds(eval_examples, spans, odds)
+    extra = {}
+    if BF16 in MODELS[model]:  # the same weights through an fp32 forward pass
+        spans32, odds32 = answer(trained["checkpoint"], EVALUATE, out / "evaluate-fp32", env, "fp32")
+        extra["fp32_forward"] = {
+            "at_zero": scores_at(eval_examples, spans32, odds32, 0.0),
+            "at_tuned": scores_at(eval_examples, spans32, odds32, tuned),
+            "best_f1": squad_metric.best_thresholds(eval_examples, spans32, odds32)["best_f1"],
+        }
     return {
         "model": model,
         "seed": seed,
@@ -95,12 +115,13 @@ def one_run(model: str, seed: int, workdir: Path, threads: int | None) -> dict[s
         "best_f1_thresh": best["best_f1_thresh"],
         "train_seconds": trained.get("train_seconds"),
         "wall_seconds": round(time.perf_counter() - started, 1),
+        **extra,
     }
 
 
 def run(args: argparse.Namespace, result: dict[str, Any]) -> None:
     done = {(r["model"], r["seed"]) for r in result["rows"]}
-    todo = [(m, s) for s in args.seeds for m in MODELS if (m, s) not in done]
+    todo = [(m, s) for s in args.seeds for m in args.models if (m, s) not in done]
     print(f"{len(done)} runs in {args.json}; {len(todo)} to go", flush=True)
     study.run_parallel(
         todo, lambda item, workdir, threads: one_run(*item, workdir, threads), args.json, result, args.jobs
@@ -139,7 +160,7 @@ def report(result: dict[str, Any]) -> str:
     ]
     for label, path in measures:
         cells = []
-        for model in MODELS:
+        for model in ("v2", "v1.1-style"):
             values = column(rows, model, path)
             if values:
                 mean, std = study.mean_std(list(values.values()))
@@ -153,7 +174,38 @@ def report(result: dict[str, Any]) -> str:
     lines.append(f"v2: F1 at the tuned threshold - F1 at 0, paired: {study.fmt_diff(tuned_gain)}")
     no_answer = 100.0 * sum(not ex.answers for ex in load_squad(EVALUATE, training=False).examples) / 247
     lines.append(f"answering nothing scores F1 {no_answer:.2f} on Victoria_(Australia)")
+    if column(rows, "v2-bf16", ("best_f1",)):
+        lines += ["", *precision_report(rows)]
     return "\n".join(lines)
+
+
+def precision_report(rows: list[dict]) -> list[str]:
+    """v2 trained in bf16 autocast against v2 in fp32 (paired seeds), and the bf16 checkpoints'
+    answers through an fp32 forward pass against their own bf16 answers."""
+    measures = [
+        ("best_f1 of the run's validation (local-dev-v2.0)", ("validation", "best_f1")),
+        ("F1 at threshold 0", ("at_zero", "f1")),
+        ("F1 at the threshold tuned on Sky", ("at_tuned", "f1")),
+        ("best_f1 on Victoria", ("best_f1",)),
+    ]
+    lines = [
+        "| measure | v2 fp32 | v2 bf16 | bf16 - fp32, paired [95 % CI] |",
+        "|---|---|---|---|",
+    ]
+    for label, path in measures:
+        cells = []
+        for model in ("v2", "v2-bf16"):
+            mean, std = study.mean_std(list(column(rows, model, path).values()))
+            cells.append(f"{mean:.2f} ± {std:.2f}")
+        diff = study.paired(column(rows, "v2-bf16", path), column(rows, "v2", path))
+        lines.append(f"| {label} | {cells[0]} | {cells[1]} | {study.fmt_diff(diff)} |")
+    lines += ["", "the bf16 checkpoints answered with an fp32 forward pass (fp32 - bf16 forward, paired):"]
+    for label, path in measures[1:]:
+        diff = study.paired(
+            column(rows, "v2-bf16", ("fp32_forward", *path)), column(rows, "v2-bf16", path)
+        )
+        lines.append(f"- {label}: {study.fmt_diff(diff)}")
+    return lines
 
 
 def overhead(args: argparse.Namespace, result: dict[str, Any]) -> None:
@@ -219,6 +271,9 @@ def main() -> int:
     parser.add_argument("what", choices=["run", "report", "overhead"])
     parser.add_argument("--seeds", default=SEEDS, help="comma-separated experiment seeds (paired)")
     parser.add_argument("--jobs", type=int, default=1, help="run: runs side by side")
+    parser.add_argument(
+        "--models", default=",".join(MODELS), help=f"run: comma-separated, of {', '.join(MODELS)}"
+    )
     parser.add_argument("--repeats", type=int, default=5, help="overhead: interleaved repeats (best of)")
     parser.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "squad2-cpu.json")
     args = parser.parse_args()
@@ -226,6 +281,9 @@ def main() -> int:
         args.seeds = [int(s) for s in args.seeds.split(",")]
     except ValueError:
         parser.error(f"--seeds: expected comma-separated integers, got {args.seeds!r}")
+    args.models = args.models.split(",")
+    if not set(args.models) <= set(MODELS):
+        parser.error(f"--models: choose from {', '.join(MODELS)}")
     if args.jobs < 1 or args.repeats < 1:
         parser.error("--jobs and --repeats must be >= 1")
     result = study.load(args.json, {"config": CONFIG})

@@ -14,9 +14,11 @@ Two comparisons, each on identical inputs:
 2. The fast path, switch by switch, over the same windows (a fixed random sample of the training
    set): the standard recipe (every window padded to max_seq_length, random batches, eager
    attention, plain AdamW, fp32), then + length-grouped batches with dynamic padding, + SDPA
-   attention, + fused AdamW (CUDA), + TF32 matmuls (CUDA), + bf16/fp16 autocast (--precision), + torch.compile
-   (--compile [MODE ...]). The last rung before compile is the fast path (the trial's default settings);
-   dynamic_padding_speedup = fast path / standard recipe.
+   attention, + fused AdamW (CUDA), + TF32 matmuls (CUDA), + bf16/fp16 autocast (--precision; on a
+   CPU with bf16 matrix units bf16 by default, as `precision: auto`), + torch.compile (--compile
+   [MODE ...]). The last rung before compile is the fast path (the trial's default settings);
+   dynamic_padding_speedup = fast path / standard recipe. On a bf16 CPU the standard recipe also
+   runs with its own bf16 switch: speedup_over_standard_bf16 = fast path / that.
 
 FLOPs per batch: flops.training_flops (6 x non-embedding parameters + 12 x layers x hidden x
 width, per token computed, padding included; sources in its docstring and docs/gpu.md). On a GPU
@@ -30,7 +32,6 @@ import argparse
 import itertools
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -49,6 +50,7 @@ from extractive_qa.config.settings import PRECISIONS, Hyperparameters, WindowSpe
 from extractive_qa.data import squad_files
 from extractive_qa.data.batching import Collator, FeatureBatchSampler, FeatureDataset, training_batches
 from extractive_qa.data.features import Features, build_features, load_tokenizer
+from extractive_qa.trial import model_io
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -58,6 +60,7 @@ from bench.common import (
     SQUAD_V11_WINDOWS,
     Loop,
     Rung,
+    cpu_description,
     model_dir,
     run_trial,
     sync,
@@ -118,7 +121,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--precision",
         choices=PRECISIONS,
-        help="fast path precision (default: bf16 on CUDA, fp32 on CPU)",
+        help="fast path precision (default: bf16 on CUDA; on a CPU what precision: auto picks there)",
     )
     parser.add_argument(
         "--compile",
@@ -135,7 +138,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.compile = ["default"]
     if args.device.type == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device here")
-    args.precision = args.precision or ("bf16" if args.device.type == "cuda" else "fp32")
+    # bf16 on a GPU; on a CPU what `precision: auto` picks there (bf16 where it has bf16 units).
+    cpu_pick = model_io.resolve_precision("auto", "cpu")[0]
+    args.precision = args.precision or ("bf16" if args.device.type == "cuda" else cpu_pick)
+    args.precision = model_io.resolve_precision(args.precision, args.device.type)[0]
     if args.precision == "fp16" and args.device.type != "cuda":
         parser.error("--precision fp16 needs --device cuda")
     if min(args.batches, args.batch_size, args.repeats) < 1 or args.warmup < 0:
@@ -264,11 +270,19 @@ def harness_overhead(setup: Setup, table: Table) -> dict[str, Any]:
     }
 
 
+STANDARD_BF16 = "standard recipe + bf16 autocast (its --bf16)"
+
+
 def fast_path_rungs(args: argparse.Namespace, hp: Hyperparameters) -> list[Rung]:
     """The standard recipe, then one switch at a time up to the trial's defaults (+ compile)."""
     B, m = hp.batching, hp.pad_to_multiple_of  # the trial's default batching
     rungs = [
         Rung("standard recipe (pad to max, eager, AdamW, fp32)", "padded", 1, "eager", "plain", "fp32"),
+    ]
+    if args.precision == "bf16" and args.device.type == "cpu":
+        # The standard recipe with its own bf16 switch (the transformers example's --bf16 on a CPU).
+        rungs.append(Rung(STANDARD_BF16, "padded", 1, "eager", "plain", "bf16"))
+    rungs += [
         Rung(f"+ dynamic padding, {B} batches (/{m})", B, m, "eager", "plain", "fp32"),
         Rung("+ SDPA attention", B, m, "sdpa", "plain", "fp32"),
     ]
@@ -361,6 +375,12 @@ def ladder(setup: Setup, table: Table) -> dict[str, Any]:
         "projection_standard_recipe_min": round(2 * SQUAD_V11_WINDOWS / standard["sequences_per_s"] / 60, 1),
     }
     print(f"dynamic_padding_speedup (fast path / standard recipe) = {result['dynamic_padding_speedup']:.2f}")
+    standard_bf16 = next((row for row in rows if row["name"] == STANDARD_BF16), None)
+    if standard_bf16 is not None:
+        result["speedup_over_standard_bf16"] = round(
+            fastest["sequences_per_s"] / standard_bf16["sequences_per_s"], 3
+        )
+        print(f"fast path / standard recipe with bf16 = {result['speedup_over_standard_bf16']:.2f}")
     print(
         "projected SQuAD v1.1 x 2 epochs on this device: fast path "
         f"{result['projection_squad_v11_2_epochs_min']} min, "
@@ -372,11 +392,12 @@ def ladder(setup: Setup, table: Table) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     device = args.device
-    machine = (
-        torch.cuda.get_device_name(device)
-        if device.type == "cuda"
-        else (f"{platform.machine()} CPU, {torch.get_num_threads()} threads")
-    )
+    if device.type == "cuda":
+        machine = torch.cuda.get_device_name(device)
+    else:
+        cpu = cpu_description()
+        machine = f"{cpu['cpu']} ({cpu['family']}), {cpu['torch_threads']} threads, bf16 units: "
+        machine += ", ".join(cpu["bf16_units"])
     print(f"device: {machine}; torch {torch.__version__}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         setup = Setup.build(args, Path(tmp))

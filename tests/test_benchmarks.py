@@ -332,3 +332,26 @@ def test_batching_stats_and_report(tmp_path: Path) -> None:
         > stats["sorted/8"]["padding_share"]
     )
     assert "| buckets/64 | 3 | 50.50 ± 1.00 | 42.50 ± 1.00 | -0.50 [-0.50, -0.50] |" in out
+
+
+def test_cpu_precision_report_pairs_seeds_and_applies_the_f1_rule(tmp_path: Path) -> None:
+    """bench/cpu_precision.py report on recorded rows: F1 per precision, the paired difference,
+    the training-time ratio per seed, and the rule for switching the default (the interval's lower
+    end at least -1.5): bf16 0.4 below fp32 on every seed passes, 3 below fails."""
+    path = tmp_path / "cpu.json"
+
+    def rows(shift: float) -> list[dict]:
+        out = []
+        for i, seed in enumerate((42, 43, 44, 45, 46)):
+            for precision, f1, seconds in (("fp32", 50.0 + i, 300.0), ("bf16", 50.0 + i - shift, 240.0)):
+                row = {"precision": precision, "seed": seed, "f1": f1, "exact_match": f1 - 8}
+                out.append({**row, "train_seconds": seconds + i})
+        return out
+
+    path.write_text(json.dumps({"config": "local.yaml", "rows": rows(0.4)}))
+    out = _bench("cpu_precision", "report", "--json", str(path))
+    assert "| bf16 | 5 | 51.60 ± 1.58 | 43.60 ± 1.58 | 242.0 | -0.40 [-0.40, -0.40] |" in out
+    assert "training time bf16 / fp32, per seed: 42: 0.800, 43: 0.801" in out
+    assert "PASS: auto may pick bf16 (-0.40 [-0.40, -0.40], n = 5)" in out
+    path.write_text(json.dumps({"config": "local.yaml", "rows": rows(3.0)}))
+    assert "FAIL: keep fp32 as the default" in _bench("cpu_precision", "report", "--json", str(path))
