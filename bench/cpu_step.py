@@ -15,13 +15,11 @@ from typing import Any
 
 import torch
 
-from bench.common import ROOT, Loop, Rung
-from extractive_qa.config import experiment, run_plan
+from bench.batching import local_setup
+from bench.common import Loop, Rung
+from extractive_qa.config import run_plan
 from extractive_qa.config.model_family import resolve_pretrained
-from extractive_qa.config.settings import WindowSpec
-from extractive_qa.data import squad_files
 from extractive_qa.data.batching import training_batches
-from extractive_qa.data.features import build_features, load_tokenizer
 
 WARMUP = 2  # untimed batches first: one-time allocations, oneDNN's first kernels
 
@@ -44,27 +42,18 @@ ELEMENTWISE = "norms, activations, element-wise (dropout's multiply included)"
 HOST = "host work (Python, dispatch, the autograd engine's bookkeeping)"
 
 
-def trial_batches(n: int) -> tuple[run_plan.RunPlan, list[dict[str, torch.Tensor]]]:
-    """local.yaml's plan and the first n batches its sampler gives in epoch 0 (seed 42)."""
-    conf = experiment.load_yaml(ROOT / "local.yaml")
-    plan = run_plan.run_plan(conf, experiment.local_hparams(conf), 1)
-    tokenizer = load_tokenizer(plan.data.pretrained_model)
-    squad = squad_files.load_squad(ROOT / plan.data.train_file, training=True)
-    spec = WindowSpec(plan.data.max_seq_length, plan.data.doc_stride, plan.data.max_query_length)
-    features = build_features(squad.examples, tokenizer, spec, labels=True, offsets=False)
+def trial_batches(n: int) -> tuple[run_plan.RunPlan, list[dict[str, torch.Tensor]], float]:
+    """local.yaml's plan, the first n batches its sampler gives in epoch 0 (seed 42), and the
+    milliseconds collating one took (the data loader's work per batch)."""
+    plan, features, _ = local_setup()
     hp = plan.hparams
     sampler, collate = training_batches(
         features, hp.global_batch_size, batching=hp.batching, multiple=hp.pad_to_multiple_of, seed=42, ranks=1
     )
-    global COLLATE_MS
     indices = list(itertools.islice(sampler.batches(0), n))
     started = time.perf_counter()
     batches = [collate(b.tolist()) for b in indices]
-    COLLATE_MS = (time.perf_counter() - started) * 1e3 / len(batches)
-    return plan, batches
-
-
-COLLATE_MS = 0.0  # what the data loader's work costs per batch (collating windows into tensors)
+    return plan, batches, (time.perf_counter() - started) * 1e3 / len(batches)
 
 
 def loop(plan: run_plan.RunPlan, precision: str, **change: Any) -> Loop:
@@ -123,7 +112,7 @@ def profile(args: argparse.Namespace) -> dict[str, Any]:
     """Where a training step's time goes, fp32 and bf16, on the same batches (profiled, so each
     step is somewhat slower than unprofiled: the shares are the point)."""
     torch.manual_seed(0)
-    plan, batches = trial_batches(args.batches + WARMUP)
+    plan, batches, collate_ms = trial_batches(args.batches + WARMUP)
     result: dict[str, Any] = {"command": f"python3 -m bench.cpu_precision profile --batches {args.batches}"}
     for precision in ("fp32", "bf16"):
         result[precision] = profile_one(plan, batches, precision)
@@ -136,8 +125,8 @@ def profile(args: argparse.Namespace) -> dict[str, Any]:
             cells.append(f"{ms:.0f} ({ms / result[precision]['ms_per_step']:.0%})")
         lines.append(f"| {group} | {cells[0]} | {cells[1]} |")
     lines.append(f"| **step** | {result['fp32']['ms_per_step']:.0f} | {result['bf16']['ms_per_step']:.0f} |")
-    lines.append(f"| data: collating a batch (the loader's work, outside the step) | {COLLATE_MS:.1f} | - |")
-    result["collate_ms_per_batch"] = round(COLLATE_MS, 2)
+    lines.append(f"| data: collating a batch (the loader's work, outside the step) | {collate_ms:.1f} | - |")
+    result["collate_ms_per_batch"] = round(collate_ms, 2)
     result["table"] = "\n".join(lines)
     return result
 
@@ -191,7 +180,7 @@ def levers(args: argparse.Namespace) -> dict[str, Any]:
     """Each lever on the same batches, the levers interleaved round by round, best of the rounds;
     first the plain matrix products, fp32 against bf16."""
     products = matmuls()
-    plan, batches = trial_batches(args.batches + WARMUP)
+    plan, batches, _ = trial_batches(args.batches + WARMUP)
     best: dict[str, float] = {}
     for _ in range(args.rounds):
         for name, (precision, change) in LEVERS.items():
