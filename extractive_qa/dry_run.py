@@ -16,7 +16,8 @@ from typing import Any
 from extractive_qa.config import experiment, run_plan
 from extractive_qa.config.experiment import asha_brackets, from_command_line
 from extractive_qa.config.run_plan import Length, RunPlan, batches_per_epoch, optimizer_steps, total_batches
-from extractive_qa.config.settings import DataSettings
+from extractive_qa.config.settings import DataSettings, WindowSpec
+from extractive_qa.errors import DataError
 from extractive_qa.files import ROOT
 from extractive_qa.trial.model_io import local_device, resolve_precision
 from extractive_qa.trial.optimization import radam_warning
@@ -107,11 +108,9 @@ class WindowCount:
 
 def count_training_windows(data: DataSettings, root: Path) -> WindowCount:
     """The training windows the run will train on, and how that number was obtained."""
-    from extractive_qa.config.settings import WindowSpec
     from extractive_qa.data.feature_cache import cache_damage, features_fingerprint, load_features
     from extractive_qa.data.features import build_features, load_tokenizer
     from extractive_qa.data.squad_files import OFFICIAL_SHA256, cache_name, default_download_dir, load_squad
-    from extractive_qa.errors import DataError
 
     spec = WindowSpec(data.max_seq_length, data.doc_stride, data.max_query_length)
     source = str(data.train_file)

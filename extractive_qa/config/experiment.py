@@ -18,6 +18,7 @@ import yaml
 
 from extractive_qa import det_internals
 from extractive_qa.config.schema import SEARCHER_KEYS, SECTION_KEYS, TOP_LEVEL_KEYS, check_config
+from extractive_qa.config.settings import DataSettings, Hyperparameters
 from extractive_qa.errors import ConfigError
 
 # --------------------------------------------------------------------------------------------
@@ -71,8 +72,6 @@ def load_experiment(path: str | Path, overrides: list[str]) -> dict[str, Any]:
 def _check_override_path(key: str) -> None:
     """`--set` may only name what exists: a top-level key of the master's schema, a setting of
     `data:` / `hyperparameters:`, or a key of the sections the master defines."""
-    from extractive_qa.config.settings import DataSettings, Hyperparameters
-
     parts = key.split(".")
     if parts[0] not in TOP_LEVEL_KEYS:
         raise ConfigError(f"--set {key}: {parts[0]!r} is not an experiment-config key (a typo?).")

@@ -13,6 +13,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from extractive_qa.config.model_family import resolve_pretrained
 from extractive_qa.errors import ConfigError
 
 # experiment.json's properties: a master refuses any other top-level key.
@@ -178,8 +179,6 @@ def model_position_limit(pretrained: str) -> int | None:
     """How many tokens a window of this model may hold (its absolute positions), from its
     config.json alone -- no weights are read. None where unknown (no config here, or relative
     positions only)."""
-    from extractive_qa.config.model_family import resolve_pretrained
-
     path = Path(str(resolve_pretrained(pretrained)))
     config = path / "config.json"
     if not config.is_file():
