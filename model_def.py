@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import determined as det
@@ -19,7 +20,7 @@ from determined import pytorch
 import data
 from extractive_qa import compat, det_internals
 from extractive_qa.config import run_plan
-from extractive_qa.config.model_family import load_model_kwargs, resolve_pretrained
+from extractive_qa.config.model_family import load_model_kwargs, loadable_pretrained
 from extractive_qa.data.batching import (
     FeatureDataset,
     evaluation_batches,
@@ -30,7 +31,7 @@ from extractive_qa.data.batching import (
 from extractive_qa.errors import ConfigError
 from extractive_qa.qa import outputs, qa_settings, squad_metric
 from extractive_qa.trial import model_io, perf_metrics
-from extractive_qa.trial.callbacks import HFExport, RankRandomState, RunLog, SearcherStop
+from extractive_qa.trial.callbacks import CheckpointRecord, HFExport, RankRandomState, RunLog, SearcherStop
 from extractive_qa.trial.evaluation import SquadEvaluator
 from extractive_qa.trial.optimization import build_optimizer, linear_warmup_decay, radam_warning
 
@@ -41,9 +42,13 @@ class SquadTrial(pytorch.PyTorchTrial):
     def __init__(self, context: pytorch.PyTorchTrialContext) -> None:
         self.context = context
         self.run_log = RunLog(context)
-        # What the caller adds before fit() (train.py: progress display, metric series).
+        # What the caller adds before fit() (train.py: progress display, metric series), and
+        # what it runs before each batch (a local run's Ctrl-C check, the first progress line).
         self.extra_callbacks: dict[str, pytorch.PyTorchCallback] = {}
+        self.before_batch: list[Callable[[int], None]] = []
+        self.rank_random_state = RankRandomState(context)
         conf = context.get_experiment_config()
+        self.experiment_name = conf.get("name")
         self.plan = run_plan.run_plan(conf, context.get_hparams(), context.distributed.size)
         # Windowing, evaluation batching, precision and extraction: what evaluation uses, what
         # every checkpoint's hf/ saves, and what predict.py loads -- one object.
@@ -108,7 +113,7 @@ class SquadTrial(pytorch.PyTorchTrial):
             model_io.configure_cuda_math(hp.tf32)
         try:
             model = AutoModelForQuestionAnswering.from_pretrained(
-                resolve_pretrained(model_name), **load_model_kwargs(self.plan.attention)
+                loadable_pretrained(model_name), **load_model_kwargs(self.plan.attention)
             )
         except (OSError, ValueError) as err:
             raise ConfigError(
@@ -215,6 +220,8 @@ class SquadTrial(pytorch.PyTorchTrial):
         return ddp.no_sync()
 
     def train_batch(self, batch: dict[str, torch.Tensor], epoch_idx: int, batch_idx: int) -> dict[str, Any]:
+        for hook in self.before_batch:
+            hook(batch_idx)
         self.perf.batch_started()
         with self.accumulating(batch_idx):
             with self.autocast():
@@ -264,7 +271,8 @@ class SquadTrial(pytorch.PyTorchTrial):
         callbacks: dict[str, pytorch.PyTorchCallback] = {
             "hf_export": HFExport(self.model, self.tokenizer, lambda: self.qa, lambda: self.latest_outputs),
             "run_log": self.run_log,
-            "rank_random_state": RankRandomState(self.context),
+            "rank_random_state": self.rank_random_state,
+            "checkpoint_record": CheckpointRecord(run_plan.run_identity(self.plan, self.experiment_name)),
         }
         info = det_internals.cluster_trial()
         if info is not None:

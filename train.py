@@ -32,10 +32,11 @@ from extractive_qa.config.settings import settings_help
 from extractive_qa.dry_run import dry_run
 from extractive_qa.errors import ConfigError, DataError
 from extractive_qa.files import check_output_file, write_text_atomic
-from extractive_qa.trial import callbacks
+from extractive_qa.trial import callbacks, interruption
 from extractive_qa.trial.checkpoints import (
     check_local_storage,
     check_outside_upload,
+    check_same_run,
     latest_checkpoint,
     prepare_local_storage,
     prepare_resume,
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
     import model_def
 
 ROOT = Path(__file__).resolve().parent
+START_DIR = Path.cwd()  # where the user typed the command (a local run then works in ROOT)
 
 
 # How gloo and NCCL report a peer that is gone: a timed-out or broken collective.
@@ -74,9 +76,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     length.add_argument("--epochs", type=int, help="total training length in epochs")
     parser.add_argument(
         "--resume",
-        metavar="DIR|latest",
-        help="checkpoint directory to continue from; `latest`: the newest complete checkpoint in "
-        "--checkpoint-dir (what a restarted torchrun job resumes from)",
+        metavar="DIR|auto|latest",
+        help="continue from a checkpoint directory; `auto`: from this run's newest complete "
+        "checkpoint in --checkpoint-dir, or from the start when there is none (the one to give "
+        "torchrun and schedulers, which restart the same command); `latest`: the same, but an "
+        "error when there is none",
+    )
+    parser.add_argument(
+        "--allow-changed",
+        action="store_true",
+        help="--resume even where the checkpoint's model, data, windows, optimizer, batch, "
+        "learning rate or seed differ from the config's (otherwise an error naming each)",
     )
     parser.add_argument(
         "--dry-run",
@@ -105,7 +115,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     # (filtered by .detignore) into each checkpoint's code/.
     args.config = args.config.resolve()
     args.checkpoint_dir = args.checkpoint_dir.resolve()
-    if args.resume and args.resume != "latest":
+    if args.resume and args.resume not in ("latest", "auto"):
         args.resume = Path(args.resume).resolve()
     args.metrics_out = args.metrics_out.resolve() if args.metrics_out else None
     for name in ("batches", "epochs"):
@@ -143,9 +153,10 @@ def run(args: argparse.Namespace, trial_class: type | None = None) -> dict[str, 
         # Local checkpoints go to DIR/determined/UUID (Determined's local storage follows XDG).
         os.environ["XDG_DATA_HOME"] = str(args.checkpoint_dir.resolve())
         if args.resume:
-            storage = args.checkpoint_dir.resolve() / "determined"
-            resume = latest_checkpoint(storage) if args.resume == "latest" else args.resume
-            source.latest_checkpoint, source.steps_completed = prepare_resume(resume, storage)
+            resume = resume_from(args, run_plan.run_identity(plan, source.exp_conf.get("name")))
+            if resume is not None:
+                storage = args.checkpoint_dir / "determined"
+                source.latest_checkpoint, source.steps_completed = prepare_resume(resume, storage)
     compat.allow_determined_checkpoints()
 
     with (
@@ -158,19 +169,99 @@ def run(args: argparse.Namespace, trial_class: type | None = None) -> dict[str, 
         series = None
         if args.metrics_out and context.distributed.rank == 0:
             series = trial.extra_callbacks["metric_series"] = callbacks.MetricSeries(trial.run_log)
+        stop = None
+        if not source.on_cluster:
+            # Ctrl-C / SIGTERM: finish the batch, checkpoint, say how to resume (interruption.py).
+            gather = trial.rank_random_state.gather  # the exit checkpoint holds every rank's state
+            stop = interruption.Interruption(context.distributed, context.device, gather)
+            trial.before_batch.append(stop.before_batch)
         if not source.on_cluster and context.distributed.rank == 0:
-            trial.extra_callbacks["progress"] = local_progress(context, plan, trial.batches_per_epoch())
-        if not source.on_cluster and context.distributed.rank == 0:
+            shown = local_progress(context, plan, trial.batches_per_epoch())
+            trial.extra_callbacks["progress"] = shown
+            trial.before_batch.append(shown.before_batch)
+            trial.extra_callbacks["retention"] = local_retention(source.exp_conf, trial.run_log)
             prepare_local_storage(args.checkpoint_dir)  # the trial is built: the config was good
         trainer = pytorch.Trainer(trial, context)
         # A cluster's controller starts at the master's steps_completed; locally we pass ours.
         with det_internals.resume_at(0 if source.on_cluster else source.steps_completed):
-            trainer.fit(**plan.fit_kwargs(source.latest_checkpoint, source.on_cluster))
+            if stop is None:
+                trainer.fit(**plan.fit_kwargs(source.latest_checkpoint, source.on_cluster))
+            else:
+                stop.install()
+                try:
+                    trainer.fit(**plan.fit_kwargs(source.latest_checkpoint, source.on_cluster))
+                except interruption.StoppedNow:
+                    raise Interrupted(130, None, trial.run_log.checkpoint, context.distributed.rank) from None
+                finally:
+                    stop.restore()
+        if stop is not None and stop.stopped_at is not None:
+            rank = context.distributed.rank
+            raise Interrupted(stop.exit_code(), stop.stopped_at, trial.run_log.checkpoint, rank)
         if context.distributed.rank != 0:
             return None
         if args.metrics_out:
             write_metrics(args.metrics_out, source.exp_conf, plan, context.distributed.size, series.series)
         return final_result(trial)
+
+
+class Interrupted(Exception):
+    """A local run stopped by Ctrl-C or SIGTERM: at a batch boundary (with its exit checkpoint)
+    or at once (a second Ctrl-C, `stopped_at` None)."""
+
+    def __init__(self, code: int, stopped_at: int | None, checkpoint: str | None, rank: int) -> None:
+        self.code, self.stopped_at, self.checkpoint, self.rank = code, stopped_at, checkpoint, rank
+
+
+def resume_from(args: argparse.Namespace, identity: dict[str, Any]) -> Path | None:
+    """The checkpoint --resume names (None: `auto` found none of this run, start fresh)."""
+    log = logging.getLogger("squad")
+    storage = args.checkpoint_dir / "determined"
+    if args.resume in ("auto", "latest"):
+        found = latest_checkpoint(storage, identity, args.resume)
+        if found is None:
+            log.info("--resume auto: no checkpoint of this run in %s; starting from the beginning", storage)
+        else:
+            log.info("--resume %s: continuing from %s", args.resume, found)
+        return found
+    check_same_run(args.resume, identity, args.allow_changed)
+    return args.resume
+
+
+def resume_command(checkpoint: str) -> str:
+    """The command that continues an interrupted run: this one, with --resume CHECKPOINT (under
+    torchrun: the same torchrun line with --resume auto)."""
+    import shlex
+
+    argv, kept, skip = sys.argv[1:], [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--resume":
+            skip = True
+        elif not arg.startswith("--resume="):
+            kept.append(arg)
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        return "the same torchrun command, with --resume auto"
+    script = os.path.relpath(sys.argv[0], START_DIR)
+    return shlex.join(["python3", script, *kept, "--resume", shown_path(checkpoint)])
+
+
+def shown_path(path: str) -> str:
+    """A path as the user would type it from where they started the command."""
+    return os.path.relpath(path, START_DIR) if Path(path).is_relative_to(START_DIR) else path
+
+
+def interrupted_line(stop: Interrupted) -> str:
+    where = shown_path(stop.checkpoint) if stop.checkpoint else None
+    if stop.stopped_at is None:
+        kept = f"the last checkpoint is {where}" if where else "no checkpoint was written"
+        return f"stopped at once (second Ctrl-C), without an exit checkpoint; {kept}."
+    if not stop.checkpoint:
+        return f"stopped before batch {stop.stopped_at + 1}: no batch was trained, nothing to keep."
+    return (
+        f"stopped after {stop.stopped_at} batches; checkpoint kept: {where}. "
+        f"Resume with: {resume_command(stop.checkpoint)}"
+    )
 
 
 def final_result(trial: model_def.SquadTrial) -> dict[str, Any]:
@@ -195,6 +286,20 @@ def local_progress(context: Any, plan: run_plan.RunPlan, batches_per_epoch: int)
     unit = batches_per_epoch if plan.length.unit == "epochs" else 1
     total = plan.length.value * unit
     return progress.Progress(context, total, batches_per_epoch, plan.hparams.global_batch_size)
+
+
+def local_retention(exp_conf: dict[str, Any], run_log: Any) -> Any:
+    """checkpoint_storage's save_trial_latest / save_trial_best, applied to a local run's own
+    checkpoints (a master does it on a cluster)."""
+    storage = exp_conf.get("checkpoint_storage") or {}
+    searcher = exp_conf.get("searcher") or {}
+    return callbacks.LocalRetention(
+        run_log,
+        latest=int(storage.get("save_trial_latest", 1)),
+        best=int(storage.get("save_trial_best", 1)),
+        metric=searcher.get("metric", "f1"),
+        smaller_is_better=bool(searcher.get("smaller_is_better", False)),
+    )
 
 
 def write_metrics(
@@ -240,6 +345,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, DataError, det_internals.VersionError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except Interrupted as stop:
+        if stop.rank == 0:
+            print(interrupted_line(stop), file=sys.stderr, flush=True)
+        return stop.code
+    except KeyboardInterrupt:  # before training started: nothing was trained
+        print("interrupted before training started; nothing to keep.", file=sys.stderr)
+        return 130
     except RuntimeError as err:
         if not any(sign in str(err) for sign in PEER_LOST):
             raise

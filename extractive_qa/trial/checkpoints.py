@@ -13,9 +13,12 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+from extractive_qa.config.run_plan import IDENTITY_RECORD, identity_changes
 from extractive_qa.det_internals import uploaded
 from extractive_qa.errors import ConfigError
 from extractive_qa.files import check_output_dir
+
+logger = logging.getLogger("squad")
 
 # --------------------------------------------------------------------------------------------
 # A checkpoint to resume, and local checkpoint storage.
@@ -136,24 +139,64 @@ def check_outside_upload(path: Path, root: Path, flag: str) -> None:
         )
 
 
-def latest_checkpoint(storage: Path) -> Path:
-    """The complete checkpoint with the most steps in a local storage directory (`--resume latest`).
+def checkpoint_identity(checkpoint: Path) -> dict[str, Any] | None:
+    """The run identity a checkpoint recorded (run_plan.run_identity), or None without a record."""
+    try:
+        identity = json.loads((checkpoint / IDENTITY_RECORD).read_text())["identity"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return identity if isinstance(identity, dict) else None
+
+
+def latest_checkpoint(storage: Path, identity: dict[str, Any], flag: str) -> Path | None:
+    """The complete checkpoint of this run (same identity) with the most steps in a local storage
+    directory, or None (`--resume auto` then starts fresh; `--resume latest` refuses).
 
     Every rank of a torchrun job decides alone; they agree because they read the same directory
     (on several machines: shared storage, which resuming there needs anyway)."""
-    found = []
+    found, others = [], 0
     for path in storage.glob("*/metadata.json") if storage.is_dir() else []:
         try:
             steps = int(json.loads(path.read_text())["steps_completed"])
         except (OSError, ValueError, KeyError, TypeError):
             continue  # damaged or partial: never the one to resume from
+        saved = checkpoint_identity(path.parent)
+        if saved is None or identity_changes(saved, identity):
+            others += 1  # another experiment's, or another config's: not this run to continue
+            continue
         found.append((steps, path.stat().st_mtime, path.parent))
-    if not found:
-        raise ConfigError(
-            f"--resume latest: no complete checkpoint in {storage}; start without --resume, or "
-            "give the --checkpoint-dir the run wrote to."
-        )
-    return max(found)[2]
+    if found:
+        return max(found)[2]
+    if flag == "auto":
+        return None
+    elsewhere = f" ({others} checkpoint(s) there belong to other runs or configs)" if others else ""
+    raise ConfigError(
+        f"--resume latest: no complete checkpoint of this run in {storage}{elsewhere}. Use "
+        "--resume auto to start fresh when there is none, --resume DIR for a particular "
+        "checkpoint, or give the --checkpoint-dir the run wrote to."
+    )
+
+
+def check_same_run(checkpoint: Path, identity: dict[str, Any], allow_changed: bool) -> None:
+    """--resume DIR: the checkpoint's recorded settings against this run's; a difference is an
+    error naming each field (both values) unless --allow-changed says it is meant."""
+    saved = checkpoint_identity(checkpoint)
+    if saved is None:
+        logger.warning("--resume %s: the checkpoint records no experiment settings (%s); "
+                       "they cannot be compared with this run's", checkpoint, IDENTITY_RECORD)  # fmt: skip
+        return
+    changes = identity_changes(saved, identity)
+    if not changes:
+        return
+    listed = "; ".join(changes)
+    if allow_changed:
+        logger.warning("--resume %s with changed settings (--allow-changed): %s", checkpoint, listed)
+        return
+    raise ConfigError(
+        f"--resume {checkpoint}: this run's settings differ from the checkpoint's ({listed}). "
+        "Resume with the config it was written with, or pass --allow-changed to continue its "
+        "state under the new settings."
+    )
 
 
 # --------------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import sys
+import time
 from typing import Any, TextIO
 
 from determined import pytorch
@@ -37,7 +38,8 @@ def duration(seconds: float) -> str:
 
 
 class Progress(pytorch.PyTorchCallback):
-    """One progress update per training report (every scheduling_unit batches)."""
+    """A progress update after the first batch (its time as the first estimate of what is left),
+    then one per training report (every scheduling_unit batches)."""
 
     def __init__(
         self,
@@ -56,9 +58,24 @@ class Progress(pytorch.PyTorchCallback):
         self._rate: float | None = None  # samples/s of the last window (perf_metrics)
         self._drawn = False
         self._done = 0  # batches trained so far (context.current_train_batch() fails before any)
+        self._first: tuple[int, float] | None = None  # (batch index, when it started)
 
     def on_trial_startup(self, first_batch_idx: int, checkpoint_uuid: str | None) -> None:
         self._done = first_batch_idx  # a resumed run starts above zero
+
+    def before_batch(self, batch_idx: int) -> None:
+        """Called by the trial before each batch: after the run's first batch, say so at once
+        rather than after a whole reporting period (minutes on a CPU)."""
+        now = time.monotonic()
+        if self._first is None:
+            self._first = (batch_idx, now)
+        elif self._first[0] == batch_idx - 1 and not self._rate:
+            seconds = now - self._first[1]
+            self._first = (-2, now)  # shown once
+            self._rate = self.global_batch_size / seconds if seconds > 0 else None
+            line = self._line(batch_idx, {})
+            self._rate = None  # the first batch is slower than the rest: the report's rate replaces it
+            self._emit(line + "  (estimate from the first batch)", final=False)
 
     def on_training_workload_end(self, avg_metrics: dict[str, Any], batch_metrics: Any) -> None:
         self._done = self.context.current_train_batch() + 1
