@@ -106,13 +106,11 @@ class SquadTrial(pytorch.PyTorchTrial):
     def build_model(self) -> torch.nn.Module:
         """The pretrained model, wrapped for Determined (DDP), compiled and compressed if asked;
         returns the unwrapped model (the optimizer takes its parameters)."""
-        from transformers import AutoModelForQuestionAnswering
-
         hp, context, model_name = self.plan.hparams, self.context, self.plan.data.pretrained_model
         if context.device.type == "cuda":
             model_io.configure_cuda_math(hp.tf32)
         try:
-            model = AutoModelForQuestionAnswering.from_pretrained(
+            model, loaded, load_warnings = model_io.load_qa_model(
                 loadable_pretrained(model_name), **load_model_kwargs(self.plan.attention)
             )
         except (OSError, ValueError) as err:
@@ -125,11 +123,13 @@ class SquadTrial(pytorch.PyTorchTrial):
             model_io.fp32_logits(model)
         if context.distributed.rank == 0:
             logger.info(
-                "model %s (%s): precision %s (%s), attention %s (%s), gradient checkpointing %s",
-                model_name, type(model).__name__, self.precision, self.precision_why,
+                "model %s (%s): %s; precision %s (%s), attention %s (%s), gradient checkpointing %s",
+                model_name, type(model).__name__, loaded, self.precision, self.precision_why,
                 model.config._attn_implementation, self.plan.attention_note,
                 "on" if hp.gradient_checkpointing else "off",
             )  # fmt: skip
+            for warning in load_warnings:
+                logger.warning("data.pretrained_model %r: %s", model_name, warning)
         self.scaler = None
         if self.precision == "fp16":
             self.scaler = context.wrap_scaler(torch.amp.GradScaler("cuda"))
@@ -257,6 +257,8 @@ class SquadTrial(pytorch.PyTorchTrial):
         answers = self.qa.extract_answers(examples, self.val_features, start, end)
         metrics = squad_metric.score(examples, answers.text, self.qa.squad_version)
         if self.qa.squad_version == "2.0":
+            # One name for EM in every run's metrics; `exact` stays, the official v2.0 script's.
+            metrics = {"exact_match": metrics["exact"], **metrics}
             odds = outputs.null_odds(examples, answers)
             best = squad_metric.best_thresholds(examples, answers.span_text, odds)
             metrics.update(best)

@@ -1,14 +1,8 @@
 """Fine-tune a question-answering model on SQuAD with Determined's PyTorch Trainer.
 
 On a cluster (entrypoint `python3 -m determined.launch.torch_distributed python3 train.py`) the
-experiment config comes from the master. Locally:
-
-    python3 train.py                                   # the embedded default (local.yaml), CPU
-    python3 train.py --config const.yaml --set data.squad_version=2.0 \
-        --set data.train_file=https://rajpurkar.github.io/SQuAD-explorer/dataset/train-v2.0.json \
-        --set data.validation_file=https://rajpurkar.github.io/SQuAD-explorer/dataset/dev-v2.0.json
-    python3 train.py --resume checkpoints/determined/UUID --batches 400
-    torchrun --nproc_per_node=2 train.py --config local.yaml
+experiment config comes from the master; locally it is --config (default local.yaml), and the
+common recipes are in `train.py --help` (RECIPES below).
 
 The last stdout line is one JSON object: exact_match, f1, checkpoint, steps_completed,
 last_train_loss (v2.0 adds the v2.0 metrics).
@@ -60,8 +54,34 @@ PEER_LOST = (
 )
 
 
+RECIPES = """\
+recipes (from the project directory, with the venv active: . .venv/bin/activate):
+  python3 train.py                                  the embedded default (local.yaml) on the CPU
+  python3 train.py --config local_v2.yaml           the same on the bundled SQuAD v2.0 text
+  python3 train.py --config const.yaml --set data.squad_version=2.0 \\
+      --set data.train_file=https://rajpurkar.github.io/SQuAD-explorer/dataset/train-v2.0.json \\
+      --set data.validation_file=https://rajpurkar.github.io/SQuAD-explorer/dataset/dev-v2.0.json
+                                                    SQuAD v2.0 with the official files
+  python3 train.py --config distributed.yaml --dry-run
+                                                    the plan (steps, warm-up, lr) without training
+  python3 train.py --settings --config const.yaml   every setting: default, the config's value
+  python3 train.py --resume auto                    continue this run's newest checkpoint, or start
+  torchrun --nproc_per_node=2 train.py --resume auto
+                                                    2 processes; rerun the same line after a stop
+
+Ctrl-C (or SIGTERM) stops after the current batch, writes a checkpoint and prints the command
+that resumes it; a second Ctrl-C stops at once. Paths inside a config are relative to the
+project directory; --config and the other paths on the command line to where you are.
+"""
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="Fine-tune BERT on SQuAD with Determined.")
+    parser = argparse.ArgumentParser(
+        description="Fine-tune an encoder for extractive question answering on SQuAD, with "
+        "Determined's Trainer (locally, under torchrun, or on a cluster).",
+        epilog=RECIPES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--config", type=Path, default=ROOT / "local.yaml", help="experiment YAML")
     parser.add_argument(
         "--set",
@@ -96,7 +116,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--settings",
         action="store_true",
-        help="list every hyperparameters.* and data.* setting with its default and meaning, and exit",
+        help="list every hyperparameters.* and data.* setting: its default, the value --config "
+        "gives it (after --set) and its meaning; then exit",
     )
     parser.add_argument(
         "--metrics-out",
@@ -317,19 +338,43 @@ def write_metrics(
     write_text_atomic(path, json.dumps(record, indent=1))
 
 
-def print_settings() -> None:
-    rows = [(name, json.dumps(default) if default != "(required)" else default, help_text)
-            for name, default, help_text in settings_help()]  # fmt: skip
-    width = max(len(name) for name, _, _ in rows)
-    dwidth = max(len(default) for _, default, _ in rows)
-    for name, default, help_text in rows:
-        print(f"{name:<{width}}  {default:<{dwidth}}  {help_text}")
+def print_settings(config: Path, overrides: list[str]) -> None:
+    """Every setting: the code's default, the value `config` (with --set) gives it, its meaning."""
+    from extractive_qa.config.experiment import load_experiment
+
+    conf = load_experiment(config, overrides)
+    given = {f"hyperparameters.{k}": v for k, v in (conf.get("hyperparameters") or {}).items()}
+    given.update({f"data.{k}": v for k, v in (conf.get("data") or {}).items()})
+
+    def shown(value: Any) -> str:
+        if isinstance(value, dict) and value.get("type") == "const":
+            value = value.get("val")
+        elif isinstance(value, dict) and "type" in value:
+            return f"searched ({value['type']})"
+        return value if value == "(required)" else json.dumps(value)
+
+    header = ("setting", "default", config.name, "meaning")
+    rows = [header] + [
+        (name, shown(default), shown(given[name]) if name in given else "(default)", help_text)
+        for name, default, help_text in settings_help()
+    ]
+    # Aligned columns; a long value (a URL) overflows its column rather than widening it.
+    widths = [min(36, max(len(row[i]) for row in rows)) for i in range(3)]
+    for row in rows:
+        cells = (f"{cell:<{width}}" for cell, width in zip(row[:3], widths, strict=False))
+        print("  ".join(cells) + "  " + row[3])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.settings:
-        print_settings()
+        try:
+            print_settings(args.config, args.overrides)
+        except ConfigError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        except BrokenPipeError:  # `| head`: the reader has what it wanted
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     import determined
 

@@ -100,3 +100,25 @@ def test_cuda_math_settings() -> None:
         torch.backends.cuda.enable_cudnn_sdp(saved[1])
     conf = {"data": {"train_file": "a", "validation_file": "b"}}
     assert run_plan.run_plan(conf, {"train_length": {"epochs": 1}}, slots=1).hparams.tf32 is True
+
+
+def test_loading_an_encoder_says_one_line_and_warns_only_of_real_gaps(
+    tiny_bert: Path, tmp_path: Path, capfd: pytest.CaptureFixture
+) -> None:
+    """An encoder checkpoint (pooler, no QA head): one summary line instead of transformers'
+    load report; an encoder weight absent from the checkpoint is a warning naming it."""
+    from safetensors.torch import load_file, save_file
+    from transformers import BertModel
+
+    encoder = tmp_path / "encoder"
+    BertModel.from_pretrained(tiny_bert).save_pretrained(encoder)
+    _, summary, warnings = model_io.load_qa_model(str(encoder))
+    assert summary == "new QA head initialised, pretraining heads unused (pooler)" and warnings == []
+    assert "LOAD REPORT" not in capfd.readouterr().err
+    weights = load_file(encoder / "model.safetensors")
+    gone = next(k for k in weights if "encoder.layer.1.output.dense.weight" in k)
+    del weights[gone]
+    save_file(weights, encoder / "model.safetensors", metadata={"format": "pt"})
+    _, _, warnings = model_io.load_qa_model(str(encoder))
+    assert len(warnings) == 1 and "start random" in warnings[0]
+    assert "encoder.layer.1.output.dense.weight" in warnings[0]

@@ -203,6 +203,7 @@ def test_squad_v2_reports_v2_metrics(tiny_bert: Path, tmp_path: Path) -> None:
     assert code == 0, err
     assert result["NoAns_total"] == 702 and result["HasAns_total"] == 705
     assert {"exact", "f1", "HasAns_f1", "NoAns_exact"} <= set(result)
+    assert result["exact_match"] == result["exact"]  # one EM name for both versions
 
 
 BAD = {

@@ -104,7 +104,7 @@ class Progress(pytorch.PyTorchCallback):
         return "  ".join(parts)
 
     def on_validation_end(self, metrics: dict[str, Any]) -> None:
-        shown = {k: metrics[k] for k in ("exact_match", "exact", "f1") if k in metrics}
+        shown = {k: metrics[k] for k in ("exact_match", "f1") if k in metrics}
         scores = "  ".join(f"{k} {float(v):.2f}" for k, v in shown.items())
         self._emit(f"validation after batch {self._done}: {scores}", final=True)
 
