@@ -11,9 +11,11 @@ last_train_loss (v2.0 adds the v2.0 metrics).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
+import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -149,6 +151,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def run(args: argparse.Namespace, trial_class: type | None = None) -> dict[str, Any] | None:
     """Train as configured; rank 0 returns the final metrics. `trial_class` lets benchmarks
     instrument the trial (a SquadTrial subclass); users never need it."""
+    with contextlib.ExitStack() as cleanup:  # what the run leaves behind: a resume's private copy
+        return train_run(args, trial_class, cleanup)
+
+
+def train_run(
+    args: argparse.Namespace, trial_class: type | None, cleanup: contextlib.ExitStack
+) -> dict[str, Any] | None:
     det_internals.check_version()
     from determined import pytorch
 
@@ -174,10 +183,15 @@ def run(args: argparse.Namespace, trial_class: type | None = None) -> dict[str, 
         # Local checkpoints go to DIR/determined/UUID (Determined's local storage follows XDG).
         os.environ["XDG_DATA_HOME"] = str(args.checkpoint_dir.resolve())
         if args.resume:
-            resume = resume_from(args, run_plan.run_identity(plan, source.exp_conf.get("name")))
-            if resume is not None:
+            identity = run_plan.run_identity(plan, source.exp_conf.get("name"))
+            resume = resume_from(args, identity)
+            if resume is not None:  # Determined restores a private, checked copy
                 storage = args.checkpoint_dir / "determined"
-                source.latest_checkpoint, source.steps_completed = prepare_resume(resume, storage)
+                private, source.steps_completed = prepare_resume(resume, storage)
+                source.latest_checkpoint = private.name
+                cleanup.callback(shutil.rmtree, private, ignore_errors=True)
+                if args.resume not in ("auto", "latest"):  # those pick only this run's checkpoints
+                    check_same_run(private, identity, args.allow_changed, shown=resume)
     compat.allow_determined_checkpoints()
 
     with (
@@ -244,7 +258,6 @@ def resume_from(args: argparse.Namespace, identity: dict[str, Any]) -> Path | No
         else:
             log.info("--resume %s: continuing from %s", args.resume, found)
         return found
-    check_same_run(args.resume, identity, args.allow_changed)
     return args.resume
 
 

@@ -460,3 +460,84 @@ def test_an_unreachable_hub_is_one_clear_error_or_the_cached_copy(
     code, result, err = run_train(args)
     assert code == 0, err[-2000:]
     assert result["steps_completed"] == 2
+
+
+# --------------------------------------------------------------------------------------------
+# A resume reads only the bytes it checked.
+# --------------------------------------------------------------------------------------------
+
+
+def test_a_file_swapped_after_the_scan_is_never_unpickled(trained, tmp_path: Path, monkeypatch) -> None:
+    """The window between the scan and Determined's read: a payload written into the user's
+    checkpoint right after the scan must not run -- the resume reads its private copy."""
+    import shutil
+
+    from extractive_qa.trial import checkpoints
+    from tests.support.project import run_train
+
+    checkpoint, _ = trained
+    mine = tmp_path / "mine"
+    shutil.copytree(checkpoint, mine)
+    hostile, marker = _planted_copy(checkpoint, tmp_path, "trial_state.pkl")
+    scan = checkpoints.check_checkpoint
+
+    def scan_then_swap(*args, **kwargs) -> int:
+        steps = scan(*args, **kwargs)
+        shutil.copy(hostile / "trial_state.pkl", mine / "trial_state.pkl")  # the attacker's move
+        return steps
+
+    monkeypatch.setattr(checkpoints, "check_checkpoint", scan_then_swap)
+    conf = trained_config(checkpoint)
+    code, result, err = run_train(["--config", str(conf), "--resume", str(mine), "--batches", "8",
+                                   "--checkpoint-dir", str(tmp_path / "c")])  # fmt: skip
+    assert code == 0, err
+    assert not marker.exists()  # the swapped file was never read
+    assert result["steps_completed"] == 8
+    assert not list((tmp_path / "c" / "determined").glob(".resume-*"))  # the private copy is gone
+
+
+def trained_config(checkpoint: Path) -> Path:
+    """The YAML the `trained` fixture's run used (its directory holds it)."""
+    return checkpoint.parents[2] / "exp.yaml"
+
+
+def _state_dict_with_pickle(checkpoint: Path, tmp: Path, pickled: bytes, prefix: bool) -> Path:
+    """A copy of the checkpoint whose state_dict.pth carries `pickled`: as the archive's data.pkl,
+    or (prefix) before the untouched zip, which zipfile still reads."""
+    import shutil
+    import zipfile
+
+    copy_dir = tmp / ("prefixed" if prefix else "dotted")
+    shutil.copytree(checkpoint, copy_dir)
+    state = copy_dir / "state_dict.pth"
+    if prefix:
+        state.write_bytes(pickled + state.read_bytes())
+        assert zipfile.is_zipfile(state)
+        return copy_dir
+    rebuilt = tmp / "rebuilt.pth"
+    with zipfile.ZipFile(state) as src, zipfile.ZipFile(rebuilt, "w") as dst:
+        for item in src.infolist():
+            dst.writestr(item, pickled if item.filename.endswith("data.pkl") else src.read(item))
+    rebuilt.replace(state)
+    return copy_dir
+
+
+# pickle protocol 4: GLOBAL-by-STACK_GLOBAL of ("numpy.dtypes", "__builtins__.get"), then call it.
+DOTTED = (
+    b"\x80\x04\x8c\x0cnumpy.dtypes\x94\x8c\x10__builtins__.get\x94\x93\x94\x8c\x04eval\x94\x85\x94R\x94."
+)
+
+
+@pytest.mark.parametrize("prefix", [False, True], ids=["dotted-name", "pickle-before-the-zip"])
+def test_pickles_that_pass_a_loose_scan_are_refused(prefix: bool, trained, tmp_path: Path) -> None:
+    """Two ways past a scan that allows numpy.dtypes by module or reads the zip wherever it
+    starts: both are refused before anything is unpickled (exit 2, the file named)."""
+    from tests.support.project import run_train
+
+    checkpoint, _ = trained
+    planted = _state_dict_with_pickle(checkpoint, tmp_path, DOTTED, prefix)
+    conf = trained_config(checkpoint)
+    code, _, err = run_train(["--config", str(conf), "--resume", str(planted), "--batches", "8",
+                              "--checkpoint-dir", str(tmp_path / "c")])  # fmt: skip
+    assert code == 2 and "state_dict.pth" in err and "Traceback" not in err, err[-2000:]
+    assert ("first byte" in err) if prefix else ("__builtins__.get" in err)

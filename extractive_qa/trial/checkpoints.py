@@ -4,11 +4,14 @@ Determined unpickles it), local storage prepared, the latest complete checkpoint
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import logging
 import os
 import pickle
+import shutil
+import tempfile
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -25,12 +28,20 @@ logger = logging.getLogger("squad")
 # --------------------------------------------------------------------------------------------
 
 
-def check_checkpoint(checkpoint: Path, what: str) -> int:
-    """A complete, undamaged Determined checkpoint, or a ConfigError naming the file; returns its
+def check_checkpoint(checkpoint: Path, what: str, shown: Path | None = None) -> int:
+    """A complete, undamaged Determined checkpoint, or a ConfigError naming the file (under
+    `shown`, the user's directory, where `checkpoint` is a private copy of it); returns its
     steps_completed. Runs before any training, so a truncated copy never ends in torch's raw
     zip-reader traceback after the model and data are loaded."""
-    import zipfile
+    try:
+        return _check_checkpoint(checkpoint, what)
+    except ConfigError as err:
+        if shown is None:
+            raise
+        raise ConfigError(str(err).replace(str(checkpoint), str(shown))) from None
 
+
+def _check_checkpoint(checkpoint: Path, what: str) -> int:
     state, meta = checkpoint / "state_dict.pth", checkpoint / "metadata.json"
     needed = (state, meta, checkpoint / "trial_state.pkl")
     if not any(path.is_file() for path in needed):
@@ -48,6 +59,15 @@ def check_checkpoint(checkpoint: Path, what: str) -> int:
         steps = int(json.loads(meta.read_text())["steps_completed"])
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise ConfigError(f"{what} {meta}: damaged checkpoint metadata ({err}).") from None
+    with state.open("rb") as head:
+        magic = head.read(4)
+    if magic != ZIP_MAGIC:
+        # torch.save writes a zip archive from byte 0; zipfile also accepts one after a prefix,
+        # and torch.load would unpickle such a prefix unchecked.
+        raise ConfigError(
+            f"{what} {state}: not a torch.save archive from its first byte (starts {magic!r}); "
+            "refusing it. Resume only checkpoints this project wrote."
+        )
     try:  # torch.save writes a zip archive; check every member against its CRC
         with zipfile.ZipFile(state) as archive:
             bad = archive.testzip()
@@ -63,19 +83,48 @@ def check_checkpoint(checkpoint: Path, what: str) -> int:
     return steps
 
 
-def prepare_resume(checkpoint: Path, storage_root: Path) -> tuple[str, int]:
-    """Make a checkpoint directory restorable by Determined's local storage; return (id, steps)."""
-    steps = check_checkpoint(checkpoint, "--resume")
+# What Determined's controller reads when it restores a checkpoint (pytorch/_pytorch_trial.py
+# _load: state_dict.pth, trial_state.pkl or the older workload_sequencer.pkl), and the records
+# beside them. hf/ and code/ are not read by a resume.
+RESTORED_FILES = ("state_dict.pth", "trial_state.pkl", "workload_sequencer.pkl", "metadata.json",
+                  "load_data.json", IDENTITY_RECORD)  # fmt: skip
+
+
+def private_copy(checkpoint: Path, storage_root: Path) -> Path:
+    """The files a resume reads, copied into a new directory only this user can enter.
+
+    The scan and Determined's unpickling then read the same bytes: checking the user's directory
+    and letting Determined read it again seconds later leaves a window in which whoever can
+    write there swaps a file. Symlinked files are refused rather than followed."""
     storage_root.mkdir(parents=True, exist_ok=True)
-    target = storage_root / checkpoint.name
-    if not (target.exists() and target.resolve() == checkpoint.resolve()):
-        target = storage_root / f"resume-{checkpoint.name}"
-        # Every local rank gets here (torchrun): link under a private name, then rename over the
-        # target -- atomic, so concurrent ranks cannot trip over each other's link.
-        private = storage_root / f".{target.name}.{os.getpid()}"
-        private.symlink_to(checkpoint.resolve(), target_is_directory=True)
-        os.replace(private, target)
-    return target.name, steps
+    private = Path(tempfile.mkdtemp(prefix=".resume-", dir=storage_root))  # mode 0700
+    try:
+        for name in RESTORED_FILES:
+            try:
+                source = os.open(checkpoint / name, os.O_RDONLY | os.O_NOFOLLOW)
+            except FileNotFoundError:
+                continue
+            except OSError as err:
+                reason = f"cannot be read as a plain file ({err})"
+                raise ConfigError(f"--resume {checkpoint / name}: {reason}.") from None
+            with os.fdopen(source, "rb") as src, open(private / name, "xb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+    except BaseException:
+        shutil.rmtree(private, ignore_errors=True)
+        raise
+    return private
+
+
+def prepare_resume(checkpoint: Path, storage_root: Path) -> tuple[Path, int]:
+    """A private, checked copy of a checkpoint in Determined's local storage: (its directory,
+    steps). The caller removes the directory when the run ends."""
+    private = private_copy(checkpoint, storage_root)
+    try:
+        steps = check_checkpoint(private, "--resume", shown=checkpoint)
+    except BaseException:
+        shutil.rmtree(private, ignore_errors=True)
+        raise
+    return private, steps
 
 
 def verify_on_chief(distributed: Any, checkpoint: Path, what: str) -> None:
@@ -114,7 +163,10 @@ def prepare_local_storage(checkpoint_dir: Path) -> None:
     mode = base.stat().st_mode
     if mode & 0o022:
         os.chmod(base, mode & ~0o022)
-    partial = sorted(p.name for p in base.iterdir() if p.is_dir() and not (p / "metadata.json").is_file())
+    partial = sorted(
+        p.name for p in base.iterdir()
+        if p.is_dir() and not p.name.startswith(".") and not (p / "metadata.json").is_file()
+    )  # fmt: skip
     if partial:
         logging.getLogger("squad").warning(
             "%s holds %d partial checkpoint(s) of an interrupted run (no metadata.json): %s; "
@@ -156,6 +208,8 @@ def latest_checkpoint(storage: Path, identity: dict[str, Any], flag: str) -> Pat
     (on several machines: shared storage, which resuming there needs anyway)."""
     found, others = [], 0
     for path in storage.glob("*/metadata.json") if storage.is_dir() else []:
+        if path.parent.name.startswith("."):
+            continue  # a running resume's private copy (private_copy), not a checkpoint
         try:
             steps = int(json.loads(path.read_text())["steps_completed"])
         except (OSError, ValueError, KeyError, TypeError):
@@ -177,10 +231,12 @@ def latest_checkpoint(storage: Path, identity: dict[str, Any], flag: str) -> Pat
     )
 
 
-def check_same_run(checkpoint: Path, identity: dict[str, Any], allow_changed: bool) -> None:
+def check_same_run(checkpoint: Path, identity: dict[str, Any], allow_changed: bool, shown: Path) -> None:
     """--resume DIR: the checkpoint's recorded settings against this run's; a difference is an
-    error naming each field (both values) unless --allow-changed says it is meant."""
+    error naming each field (both values) unless --allow-changed says it is meant. `checkpoint`
+    is the private copy the run restores; `shown` the directory the user gave."""
     saved = checkpoint_identity(checkpoint)
+    checkpoint = shown
     if saved is None:
         logger.warning("--resume %s: the checkpoint records no experiment settings (%s); "
                        "they cannot be compared with this run's", checkpoint, IDENTITY_RECORD)  # fmt: skip
@@ -226,7 +282,23 @@ _TORCH_STORAGES = frozenset(
         "Byte", "Char", "Short", "Int", "Long", "Half", "Float", "Double", "BFloat16", "Bool", "Untyped"
     )  # fmt: skip
 )
-_NUMPY_DTYPE_CLASSES = "numpy.dtypes"  # numpy 2 pickles dtypes by class (e.g. UInt32DType)
+ZIP_MAGIC = b"PK\x03\x04"
+
+
+@functools.lru_cache(maxsize=1)
+def numpy_dtype_classes() -> frozenset[tuple[str, str]]:
+    """numpy.dtypes' dtype classes by exact name (numpy 2 pickles dtypes by class, e.g.
+    UInt32DType): only names that are dtype classes in the installed NumPy."""
+    import numpy as np
+
+    try:
+        import numpy.dtypes as dtypes
+    except ImportError:  # NumPy < 1.25 has no such module, and pickles no such names
+        return frozenset()
+    return frozenset(
+        ("numpy.dtypes", name) for name in dir(dtypes)
+        if isinstance(getattr(dtypes, name), type) and issubclass(getattr(dtypes, name), np.dtype)
+    )  # fmt: skip
 
 
 class _Inert:
@@ -254,10 +326,13 @@ class _Scanner(pickle.Unpickler):
         self.allowed, self.where = allowed, where
 
     def find_class(self, module: str, name: str) -> Any:
-        if (module, name) in self.allowed or (
-            self.allowed is ALLOWED_IN_STATE_DICT
-            and ((module == "torch" and name in _TORCH_STORAGES) or module == _NUMPY_DTYPE_CLASSES)
-        ):
+        # Exact (module, name) pairs only. A dotted name is refused whatever its module: pickle
+        # resolves it attribute by attribute (numpy.dtypes + "__builtins__.get" reaches eval).
+        allowed = (module, name) in self.allowed
+        if self.allowed is ALLOWED_IN_STATE_DICT:
+            allowed = allowed or (module == "torch" and name in _TORCH_STORAGES)
+            allowed = allowed or (module, name) in numpy_dtype_classes()
+        if allowed and "." not in name:
             return _Inert
         raise ConfigError(
             f"{self.where}: refers to {module}.{name}, which no checkpoint of this trial contains; "
@@ -288,10 +363,10 @@ def check_checkpoint_pickles(checkpoint: Path) -> None:
     state = checkpoint / "state_dict.pth"
     if not state.is_file():
         return
-    if zipfile.is_zipfile(state):  # torch.save's format: the pickle is the archive's data.pkl
-        with zipfile.ZipFile(state) as archive:
-            for member in archive.namelist():
-                if member.endswith(".pkl"):
-                    scan(archive.read(member), ALLOWED_IN_STATE_DICT, f"{state} ({member})")
-    else:  # the legacy format: one pickle
-        scan(state.read_bytes(), ALLOWED_IN_STATE_DICT, str(state))
+    with state.open("rb") as head:
+        if head.read(4) != ZIP_MAGIC:  # the legacy format, or a pickle before a zip: not ours
+            raise ConfigError(f"{state}: not a torch.save archive from its first byte; refusing it.")
+    with zipfile.ZipFile(state) as archive:  # torch.save's format: the pickle is data.pkl
+        for member in archive.namelist():
+            if member.endswith(".pkl"):
+                scan(archive.read(member), ALLOWED_IN_STATE_DICT, f"{state} ({member})")
