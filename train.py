@@ -33,9 +33,9 @@ from extractive_qa.trial.checkpoints import (
     check_local_storage,
     check_outside_upload,
     check_same_run,
-    latest_checkpoint,
     prepare_local_storage,
     prepare_resume,
+    resume_from,
     verify_on_chief,
 )
 from extractive_qa.trial.launch import join_process_group, seed_everything
@@ -184,7 +184,7 @@ def train_run(
         os.environ["XDG_DATA_HOME"] = str(args.checkpoint_dir.resolve())
         if args.resume:
             identity = run_plan.run_identity(plan, source.exp_conf.get("name"))
-            resume = resume_from(args, identity)
+            resume = resume_from(args.resume, args.checkpoint_dir, identity)
             if resume is not None:  # Determined restores a private, checked copy
                 storage = args.checkpoint_dir / "determined"
                 private, source.steps_completed = prepare_resume(resume, storage)
@@ -226,76 +226,18 @@ def train_run(
                 try:
                     trainer.fit(**plan.fit_kwargs(source.latest_checkpoint, source.on_cluster))
                 except interruption.StoppedNow:
-                    raise Interrupted(130, None, trial.run_log.checkpoint, context.distributed.rank) from None
+                    checkpoint, rank = trial.run_log.checkpoint, context.distributed.rank
+                    raise interruption.Interrupted(130, None, checkpoint, rank) from None
                 finally:
                     stop.restore()
         if stop is not None and stop.stopped_at is not None:
             rank = context.distributed.rank
-            raise Interrupted(stop.exit_code(), stop.stopped_at, trial.run_log.checkpoint, rank)
+            raise interruption.Interrupted(stop.exit_code(), stop.stopped_at, trial.run_log.checkpoint, rank)
         if context.distributed.rank != 0:
             return None
         if args.metrics_out:
             write_metrics(args.metrics_out, source.exp_conf, plan, context.distributed.size, series.series)
         return final_result(trial)
-
-
-class Interrupted(Exception):
-    """A local run stopped by Ctrl-C or SIGTERM: at a batch boundary (with its exit checkpoint)
-    or at once (a second Ctrl-C, `stopped_at` None)."""
-
-    def __init__(self, code: int, stopped_at: int | None, checkpoint: str | None, rank: int) -> None:
-        self.code, self.stopped_at, self.checkpoint, self.rank = code, stopped_at, checkpoint, rank
-
-
-def resume_from(args: argparse.Namespace, identity: dict[str, Any]) -> Path | None:
-    """The checkpoint --resume names (None: `auto` found none of this run, start fresh)."""
-    log = logging.getLogger("squad")
-    storage = args.checkpoint_dir / "determined"
-    if args.resume in ("auto", "latest"):
-        found = latest_checkpoint(storage, identity, args.resume)
-        if found is None:
-            log.info("--resume auto: no checkpoint of this run in %s; starting from the beginning", storage)
-        else:
-            log.info("--resume %s: continuing from %s", args.resume, found)
-        return found
-    return args.resume
-
-
-def resume_command(checkpoint: str) -> str:
-    """The command that continues an interrupted run: this one, with --resume CHECKPOINT (under
-    torchrun: the same torchrun line with --resume auto)."""
-    import shlex
-
-    argv, kept, skip = sys.argv[1:], [], False
-    for arg in argv:
-        if skip:
-            skip = False
-        elif arg == "--resume":
-            skip = True
-        elif not arg.startswith("--resume="):
-            kept.append(arg)
-    if "TORCHELASTIC_RUN_ID" in os.environ:
-        return "the same torchrun command, with --resume auto"
-    script = os.path.relpath(sys.argv[0], START_DIR)
-    return shlex.join(["python3", script, *kept, "--resume", shown_path(checkpoint)])
-
-
-def shown_path(path: str) -> str:
-    """A path as the user would type it from where they started the command."""
-    return os.path.relpath(path, START_DIR) if Path(path).is_relative_to(START_DIR) else path
-
-
-def interrupted_line(stop: Interrupted) -> str:
-    where = shown_path(stop.checkpoint) if stop.checkpoint else None
-    if stop.stopped_at is None:
-        kept = f"the last checkpoint is {where}" if where else "no checkpoint was written"
-        return f"stopped at once (second Ctrl-C), without an exit checkpoint; {kept}."
-    if not stop.checkpoint:
-        return f"stopped before batch {stop.stopped_at + 1}: no batch was trained, nothing to keep."
-    return (
-        f"stopped after {stop.stopped_at} batches; checkpoint kept: {where}. "
-        f"Resume with: {resume_command(stop.checkpoint)}"
-    )
 
 
 def final_result(trial: model_def.SquadTrial) -> dict[str, Any]:
@@ -403,9 +345,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, DataError, det_internals.VersionError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    except Interrupted as stop:
+    except interruption.Interrupted as stop:
         if stop.rank == 0:
-            print(interrupted_line(stop), file=sys.stderr, flush=True)
+            print(interruption.interrupted_line(stop, START_DIR), file=sys.stderr, flush=True)
         return stop.code
     except KeyboardInterrupt:  # before training started: nothing was trained
         print("interrupted before training started; nothing to keep.", file=sys.stderr)

@@ -231,6 +231,19 @@ def latest_checkpoint(storage: Path, identity: dict[str, Any], flag: str) -> Pat
     )
 
 
+def resume_from(resume: str | Path, checkpoint_dir: Path, identity: dict[str, Any]) -> Path | None:
+    """The checkpoint --resume names (None: `auto` found none of this run, start fresh)."""
+    storage = checkpoint_dir / "determined"
+    if resume not in ("auto", "latest"):
+        return Path(resume)
+    found = latest_checkpoint(storage, identity, str(resume))
+    if found is None:
+        logger.info("--resume auto: no checkpoint of this run in %s; starting from the beginning", storage)
+    else:
+        logger.info("--resume %s: continuing from %s", resume, found)
+    return found
+
+
 def check_same_run(checkpoint: Path, identity: dict[str, Any], allow_changed: bool, shown: Path) -> None:
     """--resume DIR: the checkpoint's recorded settings against this run's; a difference is an
     error naming each field (both values) unless --allow-changed says it is meant. `checkpoint`

@@ -16,9 +16,11 @@ forwards the one it gets to its workers, then kills them 30 s later
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from extractive_qa import det_internals
@@ -86,3 +88,51 @@ class Interruption:
 
     def exit_code(self) -> int:
         return EXIT_CODES.get(signal.Signals(self.signum), 1) if self.signum else 0
+
+
+# --------------------------------------------------------------------------------------------
+# What the user is told: what was kept and the command that continues it.
+# --------------------------------------------------------------------------------------------
+
+
+class Interrupted(Exception):
+    """A local run stopped by Ctrl-C or SIGTERM: at a batch boundary (with its exit checkpoint)
+    or at once (a second Ctrl-C, `stopped_at` None)."""
+
+    def __init__(self, code: int, stopped_at: int | None, checkpoint: str | None, rank: int) -> None:
+        self.code, self.stopped_at, self.checkpoint, self.rank = code, stopped_at, checkpoint, rank
+
+
+def shown_path(path: str, start_dir: Path) -> str:
+    """A path as the user would type it from where they started the command."""
+    return os.path.relpath(path, start_dir) if Path(path).is_relative_to(start_dir) else path
+
+
+def resume_command(checkpoint: str, start_dir: Path) -> str:
+    """The command that continues an interrupted run: this one, with --resume CHECKPOINT (under
+    torchrun: the same torchrun line with --resume auto)."""
+    kept, skip = [], False
+    for arg in sys.argv[1:]:
+        if skip:
+            skip = False
+        elif arg == "--resume":
+            skip = True
+        elif not arg.startswith("--resume="):
+            kept.append(arg)
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        return "the same torchrun command, with --resume auto"
+    script = os.path.relpath(sys.argv[0], start_dir)
+    return shlex.join(["python3", script, *kept, "--resume", shown_path(checkpoint, start_dir)])
+
+
+def interrupted_line(stop: Interrupted, start_dir: Path) -> str:
+    where = shown_path(stop.checkpoint, start_dir) if stop.checkpoint else None
+    if stop.stopped_at is None:
+        kept = f"the last checkpoint is {where}" if where else "no checkpoint was written"
+        return f"stopped at once (second Ctrl-C), without an exit checkpoint; {kept}."
+    if not stop.checkpoint:
+        return f"stopped before batch {stop.stopped_at + 1}: no batch was trained, nothing to keep."
+    return (
+        f"stopped after {stop.stopped_at} batches; checkpoint kept: {where}. "
+        f"Resume with: {resume_command(stop.checkpoint, start_dir)}"
+    )
