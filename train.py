@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from extractive_qa import compat, det_internals
 from extractive_qa.config import run_plan
-from extractive_qa.config.experiment import from_cluster, from_command_line
+from extractive_qa.config.experiment import from_cluster, from_command_line, load_experiment
 from extractive_qa.config.settings import settings_help
 from extractive_qa.dry_run import dry_run
 from extractive_qa.errors import ConfigError, DataError
@@ -218,18 +218,15 @@ def train_run(
             prepare_local_storage(args.checkpoint_dir)  # the trial is built: the config was good
         trainer = pytorch.Trainer(trial, context)
         # A cluster's controller starts at the master's steps_completed; locally we pass ours.
-        with det_internals.resume_at(0 if source.on_cluster else source.steps_completed):
-            if stop is None:
+        with (
+            det_internals.resume_at(0 if source.on_cluster else source.steps_completed),
+            stop or contextlib.nullcontext(),
+        ):
+            try:
                 trainer.fit(**plan.fit_kwargs(source.latest_checkpoint, source.on_cluster))
-            else:
-                stop.install()
-                try:
-                    trainer.fit(**plan.fit_kwargs(source.latest_checkpoint, source.on_cluster))
-                except interruption.StoppedNow:
-                    checkpoint, rank = trial.run_log.checkpoint, context.distributed.rank
-                    raise interruption.Interrupted(130, None, checkpoint, rank) from None
-                finally:
-                    stop.restore()
+            except interruption.StoppedNow:  # a second Ctrl-C
+                checkpoint, rank = trial.run_log.checkpoint, context.distributed.rank
+                raise interruption.Interrupted(130, None, checkpoint, rank) from None
         if stop is not None and stop.stopped_at is not None:
             rank = context.distributed.rank
             raise interruption.Interrupted(stop.exit_code(), stop.stopped_at, trial.run_log.checkpoint, rank)
@@ -295,8 +292,6 @@ def write_metrics(
 
 def print_settings(config: Path, overrides: list[str]) -> None:
     """Every setting: the code's default, the value `config` (with --set) gives it, its meaning."""
-    from extractive_qa.config.experiment import load_experiment
-
     conf = load_experiment(config, overrides)
     given = {f"hyperparameters.{k}": v for k, v in (conf.get("hyperparameters") or {}).items()}
     given.update({f"data.{k}": v for k, v in (conf.get("data") or {}).items()})

@@ -260,4 +260,3 @@ def from_command_line(args: argparse.Namespace, slots: int) -> Source:
         else:
             hparams["train_length"] = {"batches": args.batches} if args.batches else {"epochs": args.epochs}
     return Source(exp_conf=exp_conf, hparams=hparams, slots=slots, on_cluster=False)
-

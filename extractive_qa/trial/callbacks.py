@@ -194,8 +194,9 @@ class CheckpointRecord(pytorch.PyTorchCallback):
 class LocalRetention(pytorch.PyTorchCallback):
     """A local run keeps what a master would: the newest `save_trial_latest` checkpoints it wrote
     and its `save_trial_best` best-validated ones (checkpoint_storage; Determined's defaults 1
-    and 1). On a cluster the master's garbage collection does this; locally nothing does, and a
-    MiniLM checkpoint is about 360 MB. Checkpoints this run did not write are never touched."""
+    and 1). On a cluster the master's garbage collection does this; locally nothing does, and each
+    checkpoint holds the weights three times over (model, AdamW's two moments) plus hf/.
+    Checkpoints this run did not write are never touched."""
 
     def __init__(self, run_log: RunLog, latest: int, best: int, metric: str, smaller_is_better: bool) -> None:
         self.run_log, self.latest, self.best = run_log, max(1, latest), best

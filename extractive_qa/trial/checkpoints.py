@@ -249,20 +249,19 @@ def check_same_run(checkpoint: Path, identity: dict[str, Any], allow_changed: bo
     error naming each field (both values) unless --allow-changed says it is meant. `checkpoint`
     is the private copy the run restores; `shown` the directory the user gave."""
     saved = checkpoint_identity(checkpoint)
-    checkpoint = shown
     if saved is None:
         logger.warning("--resume %s: the checkpoint records no experiment settings (%s); "
-                       "they cannot be compared with this run's", checkpoint, IDENTITY_RECORD)  # fmt: skip
+                       "they cannot be compared with this run's", shown, IDENTITY_RECORD)  # fmt: skip
         return
     changes = identity_changes(saved, identity)
     if not changes:
         return
     listed = "; ".join(changes)
     if allow_changed:
-        logger.warning("--resume %s with changed settings (--allow-changed): %s", checkpoint, listed)
+        logger.warning("--resume %s with changed settings (--allow-changed): %s", shown, listed)
         return
     raise ConfigError(
-        f"--resume {checkpoint}: this run's settings differ from the checkpoint's ({listed}). "
+        f"--resume {shown}: this run's settings differ from the checkpoint's ({listed}). "
         "Resume with the config it was written with, or pass --allow-changed to continue its "
         "state under the new settings."
     )
@@ -376,9 +375,7 @@ def check_checkpoint_pickles(checkpoint: Path) -> None:
     state = checkpoint / "state_dict.pth"
     if not state.is_file():
         return
-    with state.open("rb") as head:
-        if head.read(4) != ZIP_MAGIC:  # the legacy format, or a pickle before a zip: not ours
-            raise ConfigError(f"{state}: not a torch.save archive from its first byte; refusing it.")
+    # A zip from its first byte: _check_checkpoint refused anything else before calling this.
     with zipfile.ZipFile(state) as archive:  # torch.save's format: the pickle is data.pkl
         for member in archive.namelist():
             if member.endswith(".pkl"):

@@ -23,6 +23,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
+import torch.distributed as dist
+
 from extractive_qa import det_internals
 
 EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}  # 128 + the signal, as a shell reports it
@@ -44,11 +47,13 @@ class Interruption:
         self.under_launcher = "TORCHELASTIC_RUN_ID" in os.environ
         self._previous: dict[int, Any] = {}
 
-    def install(self) -> None:
+    def __enter__(self) -> Interruption:
+        """While training: the signals set the flag (Python's handlers are put back after)."""
         for signum in EXIT_CODES:
             self._previous[signum] = signal.signal(signum, self._handle)
+        return self
 
-    def restore(self) -> None:
+    def __exit__(self, *exc: Any) -> None:
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
         self._previous.clear()
@@ -70,14 +75,12 @@ class Interruption:
         mine = self.signum is not None
         if self.distributed.size <= 1:
             return mine
-        import torch
-        import torch.distributed as dist
-
         flag = torch.tensor([1 if mine else 0], device=self.device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        if flag.item() and self.signum is None:
+        anyone = bool(flag.item())
+        if anyone and self.signum is None:
             self.signum = signal.SIGTERM  # another rank was signalled; this one stops with it
-        return bool(flag.item())
+        return anyone
 
     def before_batch(self, batch_idx: int) -> None:
         """The trial calls this before a batch does any work."""

@@ -58,7 +58,7 @@ class Progress(pytorch.PyTorchCallback):
         self._rate: float | None = None  # samples/s of the last window (perf_metrics)
         self._drawn = False
         self._done = 0  # batches trained so far (context.current_train_batch() fails before any)
-        self._first: tuple[int, float] | None = None  # (batch index, when it started)
+        self._first: tuple[int, float] | None = None  # (the run's first batch index, its start)
 
     def on_trial_startup(self, first_batch_idx: int, checkpoint_uuid: str | None) -> None:
         self._done = first_batch_idx  # a resumed run starts above zero
@@ -66,24 +66,21 @@ class Progress(pytorch.PyTorchCallback):
     def before_batch(self, batch_idx: int) -> None:
         """Called by the trial before each batch: after the run's first batch, say so at once
         rather than after a whole reporting period (minutes on a CPU)."""
-        now = time.monotonic()
         if self._first is None:
-            self._first = (batch_idx, now)
-        elif self._first[0] == batch_idx - 1 and not self._rate:
-            seconds = now - self._first[1]
-            self._first = (-2, now)  # shown once
-            self._rate = self.global_batch_size / seconds if seconds > 0 else None
-            line = self._line(batch_idx, {})
-            self._rate = None  # the first batch is slower than the rest: the report's rate replaces it
-            self._emit(line + "  (estimate from the first batch)", final=False)
+            self._first = (batch_idx, time.monotonic())
+        elif batch_idx == self._first[0] + 1:  # the first batch is done
+            seconds = time.monotonic() - self._first[1]
+            # Slower than the rest (warm-up); the first report's rate replaces it.
+            rate = self.global_batch_size / seconds if seconds > 0 else None
+            self._emit(self._line(batch_idx, {}, rate) + "  (estimate from the first batch)", final=False)
 
     def on_training_workload_end(self, avg_metrics: dict[str, Any], batch_metrics: Any) -> None:
         self._done = self.context.current_train_batch() + 1
         # The window's wall-clock rate, as the WebUI charts it (training time only).
         self._rate = avg_metrics.get("perf_samples_per_s") or self._rate
-        self._emit(self._line(self._done, avg_metrics), final=False)
+        self._emit(self._line(self._done, avg_metrics, self._rate), final=False)
 
-    def _line(self, done: int, metrics: dict[str, Any]) -> str:
+    def _line(self, done: int, metrics: dict[str, Any], rate: float | None) -> str:
         parts = []
         if self.total:
             epochs = math.ceil(self.total / self.per_epoch)
@@ -97,10 +94,10 @@ class Progress(pytorch.PyTorchCallback):
             parts.append(f"loss {float(metrics['loss']):.4f}")
         if "lr" in metrics:
             parts.append(f"lr {float(metrics['lr']):.2e}")
-        if self._rate:
-            parts.append(f"{self._rate:.1f} samples/s")
+        if rate:
+            parts.append(f"{rate:.1f} samples/s")
             if self.total:
-                parts.append(f"left {duration((self.total - done) * self.global_batch_size / self._rate)}")
+                parts.append(f"left {duration((self.total - done) * self.global_batch_size / rate)}")
         return "  ".join(parts)
 
     def on_validation_end(self, metrics: dict[str, Any]) -> None:
