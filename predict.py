@@ -29,7 +29,7 @@ from extractive_qa.data import squad_files
 from extractive_qa.data.batching import assemble_logits, evaluation_batches, forward_params, model_inputs
 from extractive_qa.data.features import Features, build_features, load_tokenizer
 from extractive_qa.errors import DataError
-from extractive_qa.files import check_output_dir, check_output_file, write_text_atomic
+from extractive_qa.files import check_not_an_input, check_output_dir, check_output_file, write_text_atomic
 from extractive_qa.qa import outputs, qa_settings
 from extractive_qa.qa.answers import Answers
 from extractive_qa.trial import model_io
@@ -88,6 +88,11 @@ class Predictor:
 
         hf = find_hf_dir(checkpoint)
         self.settings = qa_settings.QASettings.load(hf)
+        if not (hf / "tokenizer.json").is_file():  # without it transformers builds a stand-in
+            raise DataError(
+                f"--checkpoint {checkpoint}: {hf / 'tokenizer.json'} is missing (every export "
+                "writes it); the checkpoint is incomplete: copy it again."
+            )
         self.tokenizer = load_tokenizer(str(hf))
         try:
             self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -114,6 +119,12 @@ class Predictor:
                 f"--checkpoint {checkpoint}: cannot load the model in {hf} ({reason}); the weights "
                 "may be damaged or cut short: copy the checkpoint again."
             ) from None
+        vocabulary, embeddings = len(self.tokenizer), model.get_input_embeddings().num_embeddings
+        if not embeddings // 2 <= vocabulary <= embeddings:  # models may pad embeddings, not halve them
+            raise DataError(
+                f"--checkpoint {checkpoint}: its tokenizer has {vocabulary} tokens, its model "
+                f"{embeddings} embeddings; the tokenizer files in {hf} are not this model's."
+            )
         if self.precision in model_io.AUTOCAST_DTYPES:
             model_io.fp32_logits(model)
         self.model = model.to(self.device).eval()
@@ -230,6 +241,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             check_output_file(args.out.resolve(), "--out")
         if args.out_dir:
             check_output_dir(args.out_dir.resolve(), "--out-dir")
+        written = {"--out": args.out} if args.out else {}
+        if args.out_dir:
+            written |= {f"--out-dir ({name})": args.out_dir / name for name in outputs.OUTPUT_FILES}
+        check_not_an_input(written, {"--squad": Path(args.squad) if args.squad else None})
         predictor = Predictor(args.checkpoint, args.device, args.batch_size, args.precision)
         predictor.null_threshold_from(args.null_threshold)
         if single:

@@ -27,7 +27,7 @@ from extractive_qa.config.experiment import from_cluster, from_command_line, loa
 from extractive_qa.config.settings import settings_help
 from extractive_qa.dry_run import dry_run
 from extractive_qa.errors import ConfigError, DataError
-from extractive_qa.files import check_output_file, write_text_atomic
+from extractive_qa.files import check_not_an_input, check_output_file, write_text_atomic
 from extractive_qa.trial import callbacks, interruption
 from extractive_qa.trial.checkpoints import (
     check_local_storage,
@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     import model_def
 
 ROOT = Path(__file__).resolve().parent
+DATA_FILES = ("train_file", "validation_file")  # data.* paths a run reads (URLs never match a file)
 START_DIR = Path.cwd()  # where the user typed the command (a local run then works in ROOT)
 
 
@@ -176,6 +177,10 @@ def train_run(
             check_outside_upload(ROOT / plan.data.cache_dir, ROOT, "data.cache_dir")
         if args.metrics_out:
             check_output_file(args.metrics_out, "--metrics-out")
+            data = source.exp_conf.get("data") or {}
+            inputs = {f"data.{k}": ROOT / data[k] for k in DATA_FILES if data.get(k)}
+            inputs["--config"] = args.config
+            check_not_an_input({"--metrics-out": args.metrics_out}, inputs)
     distributed = join_process_group(source.on_cluster, plan.collective_timeout_s)
     if not source.on_cluster:
         os.chdir(ROOT)

@@ -54,3 +54,15 @@ def check_output_dir(path: Path, flag: str) -> None:
         raise DataError(f"{flag} {path}: {existing} is not a directory.")
     if not os.access(existing, os.W_OK):
         raise DataError(f"{flag} {path}: {existing} is not writable.")
+
+
+def check_not_an_input(outputs: dict[str, Path], inputs: dict[str, Path | None]) -> None:
+    """Before any work: no output is one of the command's inputs (`--out` = `--squad` would
+    replace the data set with its answers, `--metrics-out` = `--config` the config)."""
+    for out_flag, output in outputs.items():
+        for in_flag, given in inputs.items():
+            if given is not None and Path(given).exists() and output.resolve() == Path(given).resolve():
+                raise DataError(
+                    f"{out_flag} {output}: is the input given as {in_flag}; writing there would "
+                    "replace it. Choose another output name."
+                )

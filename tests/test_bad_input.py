@@ -541,3 +541,61 @@ def test_pickles_that_pass_a_loose_scan_are_refused(prefix: bool, trained, tmp_p
                               "--checkpoint-dir", str(tmp_path / "c")])  # fmt: skip
     assert code == 2 and "state_dict.pth" in err and "Traceback" not in err, err[-2000:]
     assert ("first byte" in err) if prefix else ("__builtins__.get" in err)
+
+
+# --------------------------------------------------------------------------------------------
+# An output that is an input; a damaged export.
+# --------------------------------------------------------------------------------------------
+
+
+def test_an_output_that_is_an_input_is_refused_and_the_input_kept(trained, tmp_path: Path) -> None:
+    import shutil
+
+    from tests.support.project import DEV_V1, run_train
+
+    checkpoint, _ = trained
+    data = tmp_path / "dev.json"
+    shutil.copy(DEV_V1, data)
+    before = data.read_bytes()
+    for out in (["--out", str(data)], ["--out-dir", str(tmp_path)]):
+        if out[0] == "--out-dir":
+            data = data.rename(tmp_path / "predictions.json")  # what --out-dir would write
+        code, _, err = _cli("predict.py", "--checkpoint", str(checkpoint), "--squad", str(data), *out)
+        assert code == 2 and "is the input given as --squad" in err and "Traceback" not in err, err
+        assert data.read_bytes() == before
+    config = trained_config(checkpoint)
+    kept = config.read_bytes()
+    code, _, err = run_train(["--config", str(config), "--metrics-out", str(config), "--batches", "1",
+                              "--checkpoint-dir", str(tmp_path / "c")])  # fmt: skip
+    assert code == 2 and "--metrics-out" in err and "--config" in err
+    assert config.read_bytes() == kept
+
+
+@pytest.mark.parametrize("damage", ["no-tokenizer-json", "foreign-tokenizer", "n-best-zero", "windows"])
+def test_a_damaged_export_is_refused_not_used(damage: str, trained, tmp_path: Path) -> None:
+    """hf/ without its tokenizer.json, with another model's tokenizer, or with QA settings out of
+    the ranges a config is held to: predict.py names the file (exit 2) instead of answering."""
+    import shutil
+
+    from tokenizers import Tokenizer, models
+
+    checkpoint, _ = trained
+    damaged = tmp_path / "damaged"
+    shutil.copytree(checkpoint, damaged)
+    hf = damaged / "hf"
+    settings = json.loads((hf / "qa_settings.json").read_text())
+    if damage == "no-tokenizer-json":
+        (hf / "tokenizer.json").unlink()
+    elif damage == "foreign-tokenizer":
+        vocab = {w: i for i, w in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])}
+        Tokenizer(models.WordPiece(vocab, unk_token="[UNK]")).save(str(hf / "tokenizer.json"))
+    elif damage == "n-best-zero":
+        (hf / "qa_settings.json").write_text(json.dumps({**settings, "n_best_size": 0}))
+    else:  # a stride as long as the window: no window would advance
+        too_long = {**settings, "doc_stride": settings["max_seq_length"]}
+        (hf / "qa_settings.json").write_text(json.dumps(too_long))
+    question = ["--question", "Who won?", "--context", "Denver won."]
+    code, _, err = _cli("predict.py", "--checkpoint", str(damaged), *question)
+    expected = {"no-tokenizer-json": "tokenizer.json is missing", "foreign-tokenizer": "not this model's",
+                "n-best-zero": "n_best_size: must be >= 1", "windows": "doc_stride"}[damage]  # fmt: skip
+    assert code == 2 and expected in err and "Traceback" not in err, err[-2000:]

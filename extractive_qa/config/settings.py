@@ -199,6 +199,16 @@ def _checked(field: dataclasses.Field, kind: Any, value: Any, where: str) -> Any
     return value
 
 
+def check_setting(name: str, value: Any, where: str) -> Any:
+    """One hyperparameters.* or data.* value checked as a config's is (type, choices, range);
+    names of neither section pass unchanged."""
+    for cls in (Hyperparameters, DataSettings):
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        if name in fields:
+            return _checked(fields[name], typing.get_type_hints(cls)[name], value, where)
+    return value
+
+
 def typed_settings(cls: type[T], values: dict[str, Any], section: str, also_known: tuple = ()) -> T:
     """A section of the config as `cls` (Hyperparameters or DataSettings): unknown keys, missing
     required fields and bad values raise ConfigError naming `section.field`. `also_known`: keys

@@ -20,6 +20,7 @@ from extractive_qa.qa.answers import Answers, rank_spans, trim_span
 PREDICTIONS = "predictions.json"
 NULL_ODDS = "null_odds.json"
 NBEST = "nbest_predictions.json"
+OUTPUT_FILES = (PREDICTIONS, NULL_ODDS, NBEST)
 # A question whose windows hold no valid span always answers "": its null odds are the largest
 # float JSON can carry portably (Infinity is not JSON).
 ALWAYS_NULL = float(np.finfo(np.float32).max)

@@ -11,10 +11,10 @@ from typing import Any
 
 import numpy as np
 
-from extractive_qa.config.settings import PRECISIONS, DataSettings, Hyperparameters, WindowSpec
+from extractive_qa.config.settings import PRECISIONS, DataSettings, Hyperparameters, WindowSpec, check_setting
 from extractive_qa.data import squad_files
 from extractive_qa.data.features import Features
-from extractive_qa.errors import DataError
+from extractive_qa.errors import ConfigError, DataError
 from extractive_qa.files import write_text_atomic
 from extractive_qa.qa import outputs
 from extractive_qa.qa.answers import Answers, extract_answers
@@ -119,7 +119,16 @@ class QASettings:
                 f"{path}: precision is {values['precision']!r}, not one of {', '.join(PRECISIONS)}; "
                 "the file is damaged or edited: re-export the checkpoint."
             )
-        return cls(**values)
+        try:  # the ranges a config's values are held to (n_best_size >= 1, ...), and the windows
+            for name, value in values.items():
+                values[name] = check_setting(name, value, f"{path}: {name}")
+            if values["eval_batch_size"] < 1:
+                raise ConfigError(f"{path}: eval_batch_size must be >= 1, got {values['eval_batch_size']}.")
+            settings = cls(**values)
+            settings.window_spec.check()
+        except (ConfigError, DataError) as err:
+            raise DataError(f"{err} The file is damaged or edited: re-export the checkpoint.") from None
+        return settings
 
 
 def _matches(value: Any, annotation: str) -> bool:
