@@ -274,7 +274,10 @@ class SquadTrial(pytorch.PyTorchTrial):
             "hf_export": HFExport(self.model, self.tokenizer, lambda: self.qa, lambda: self.latest_outputs),
             "run_log": self.run_log,
             "rank_random_state": self.rank_random_state,
-            "checkpoint_record": CheckpointRecord(run_plan.run_identity(self.plan, self.experiment_name)),
+            "checkpoint_record": CheckpointRecord(
+                run_plan.run_identity(self.plan, self.experiment_name),
+                {self.plan.length.unit: self.plan.length.value},
+            ),
         }
         info = det_internals.cluster_trial()
         if info is not None:

@@ -30,9 +30,11 @@ from extractive_qa.errors import ConfigError, DataError
 from extractive_qa.files import check_not_an_input, check_output_file, write_text_atomic
 from extractive_qa.trial import callbacks, interruption
 from extractive_qa.trial.checkpoints import (
+    check_free_space,
     check_local_storage,
     check_outside_upload,
     check_same_run,
+    note_length_change,
     prepare_local_storage,
     prepare_resume,
     resume_from,
@@ -197,6 +199,7 @@ def train_run(
                 cleanup.callback(shutil.rmtree, private, ignore_errors=True)
                 if args.resume not in ("auto", "latest"):  # those pick only this run's checkpoints
                     check_same_run(private, identity, args.allow_changed, shown=resume)
+                note_length_change(private, {plan.length.unit: plan.length.value})
     compat.allow_determined_checkpoints()
 
     with (
@@ -221,6 +224,7 @@ def train_run(
             trial.before_batch.append(shown.before_batch)
             trial.extra_callbacks["retention"] = local_retention(source.exp_conf, trial.run_log)
             prepare_local_storage(args.checkpoint_dir)  # the trial is built: the config was good
+            check_free_space(args.checkpoint_dir, sum(p.numel() for p in trial.model.parameters()))
         trainer = pytorch.Trainer(trial, context)
         # A cluster's controller starts at the master's steps_completed; locally we pass ours.
         with (

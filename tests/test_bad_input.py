@@ -599,3 +599,20 @@ def test_a_damaged_export_is_refused_not_used(damage: str, trained, tmp_path: Pa
     expected = {"no-tokenizer-json": "tokenizer.json is missing", "foreign-tokenizer": "not this model's",
                 "n-best-zero": "n_best_size: must be >= 1", "windows": "doc_stride"}[damage]  # fmt: skip
     assert code == 2 and expected in err and "Traceback" not in err, err[-2000:]
+
+
+def test_too_little_space_for_a_checkpoint_is_named_before_training(
+    trained, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import collections
+    import shutil
+
+    from tests.support.project import run_train
+
+    checkpoint, _ = trained
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**9, 10**9 - 10**5, 10**5))
+    code, _, err = run_train(["--config", str(trained_config(checkpoint)), "--batches", "2",
+                              "--checkpoint-dir", str(tmp_path / "c")])  # fmt: skip
+    assert code == 2 and "GB free" in err and "--checkpoint-dir" in err, err[-2000:]
+    assert not list((tmp_path / "c" / "determined").glob("*-*-*"))  # nothing trained or written

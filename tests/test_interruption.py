@@ -106,9 +106,12 @@ def test_resume_auto_starts_fresh_then_continues_after_sigterm_under_torchrun(
     assert last_json(second.stdout)["steps_completed"] == BATCHES
 
 
-def test_resume_latest_takes_only_this_runs_checkpoints(tiny_bert: Path, tmp_path: Path) -> None:
+def test_resume_latest_takes_only_this_runs_checkpoints(
+    tiny_bert: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """A shared checkpoint directory: another experiment's newer checkpoint is not this run's to
-    continue; an explicit --resume of it names each changed setting (exit 2)."""
+    continue; an explicit --resume of it names each changed setting (exit 2). Extending the run
+    says that the schedule is planned again."""
     config = _config(tiny_bert, tmp_path)
     other = tmp_path / "other.yaml"
     other.write_text(config.read_text().replace("learning_rate: 0.003", "learning_rate: 0.001"))
@@ -119,6 +122,7 @@ def test_resume_latest_takes_only_this_runs_checkpoints(tiny_bert: Path, tmp_pat
     again = ["--config", str(config), *shared, "--batches", "4"]
     code, result, err = run_train([*again, "--resume", "latest"])
     assert code == 0, err
+    assert "planned for 2 batches, this one for 4 batches" in caplog.text
     mine = json.loads((Path(result["checkpoint"]) / "experiment.json").read_text())["identity"]
     assert mine["hyperparameters.learning_rate"] == 0.003
     others = [m.parent for m in storage.glob("*/experiment.json")

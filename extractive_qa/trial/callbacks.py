@@ -181,13 +181,14 @@ class HFExport(pytorch.PyTorchCallback):
 
 class CheckpointRecord(pytorch.PyTorchCallback):
     """experiment.json in every checkpoint: the settings that identify its run
-    (run_plan.run_identity), so a resume can tell a checkpoint of this run from another's."""
+    (run_plan.run_identity), so a resume can tell a checkpoint of this run from another's, and
+    the training length the run was planned for."""
 
-    def __init__(self, identity: dict[str, Any]) -> None:
-        self.identity = identity
+    def __init__(self, identity: dict[str, Any], train_length: dict[str, int]) -> None:
+        self.identity, self.train_length = identity, train_length
 
     def on_checkpoint_write_end(self, checkpoint_dir: str) -> None:
-        record = json.dumps({"identity": self.identity}, indent=1)
+        record = json.dumps({"identity": self.identity, "train_length": self.train_length}, indent=1)
         write_text_atomic(Path(checkpoint_dir) / IDENTITY_RECORD, record)
 
 

@@ -175,6 +175,25 @@ def prepare_local_storage(checkpoint_dir: Path) -> None:
         )  # fmt: skip
 
 
+# A checkpoint's bytes per model parameter: fp32 weights, the optimizer's two fp32 moments
+# (AdamW, RAdam and LAMB alike) and the fp32 hf/ export; code/ and the records add little.
+CHECKPOINT_BYTES_PER_PARAMETER = 4 * 4
+
+
+def check_free_space(checkpoint_dir: Path, parameters: int) -> None:
+    """Before training: room for one more checkpoint (the previous one is deleted only after the
+    next is written), so a full disk is named now rather than as torch's bare write error at the
+    end of the run."""
+    needed = parameters * CHECKPOINT_BYTES_PER_PARAMETER
+    free = shutil.disk_usage(checkpoint_dir if checkpoint_dir.exists() else checkpoint_dir.parent).free
+    if free < needed:
+        raise ConfigError(
+            f"--checkpoint-dir {checkpoint_dir}: {free / 1e9:.2f} GB free, and one checkpoint of "
+            f"this model ({parameters / 1e6:.1f} M parameters: weights, optimizer state, hf/) "
+            f"takes about {needed / 1e9:.2f} GB. Free space there or give another --checkpoint-dir."
+        )
+
+
 def check_outside_upload(path: Path, root: Path, flag: str) -> None:
     """Determined copies the project directory (minus .detignore) into every checkpoint's code/;
     a directory of outputs inside it would be copied into itself, run after run."""
@@ -191,13 +210,31 @@ def check_outside_upload(path: Path, root: Path, flag: str) -> None:
         )
 
 
-def checkpoint_identity(checkpoint: Path) -> dict[str, Any] | None:
-    """The run identity a checkpoint recorded (run_plan.run_identity), or None without a record."""
+def checkpoint_record(checkpoint: Path, key: str) -> dict[str, Any] | None:
+    """What a checkpoint recorded of its run (experiment.json): its `identity`
+    (run_plan.run_identity) or `train_length`; None without a record."""
     try:
-        identity = json.loads((checkpoint / IDENTITY_RECORD).read_text())["identity"]
+        value = json.loads((checkpoint / IDENTITY_RECORD).read_text())[key]
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return identity if isinstance(identity, dict) else None
+    return value if isinstance(value, dict) else None
+
+
+def checkpoint_identity(checkpoint: Path) -> dict[str, Any] | None:
+    return checkpoint_record(checkpoint, "identity")
+
+
+def note_length_change(checkpoint: Path, length: dict[str, int]) -> None:
+    """A resume with another total length than the checkpoint's run was planned for: say what
+    happens to the schedule (it is planned again for the new total)."""
+    planned = checkpoint_record(checkpoint, "train_length")
+    if planned is not None and planned != length:
+        was, now = (" ".join(f"{v} {k}" for k, v in d.items()) for d in (planned, length))
+        logger.warning(
+            "--resume: the checkpoint's run was planned for %s, this one for %s; the warm-up/decay "
+            "schedule is planned again for %s and the learning rate follows it from the "
+            "checkpoint's step on", was, now, now,
+        )  # fmt: skip
 
 
 def latest_checkpoint(storage: Path, identity: dict[str, Any], flag: str) -> Path | None:
