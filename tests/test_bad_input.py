@@ -616,3 +616,23 @@ def test_too_little_space_for_a_checkpoint_is_named_before_training(
                               "--checkpoint-dir", str(tmp_path / "c")])  # fmt: skip
     assert code == 2 and "GB free" in err and "--checkpoint-dir" in err, err[-2000:]
     assert not list((tmp_path / "c" / "determined").glob("*-*-*"))  # nothing trained or written
+
+
+def test_a_link_in_the_upload_into_the_checkpoints_is_refused_before_training(tmp_path: Path) -> None:
+    """Determined copies the upload into every checkpoint following directory links: a link to
+    the checkpoint directory would copy the checkpoint into itself after training."""
+    import shutil
+
+    project = tmp_path / "project"
+    project.mkdir()
+    needed = ("train.py", "model_def.py", "data.py", "local.yaml", ".detignore", "extractive_qa")
+    needed += ("squad_data",)
+    for path in (ROOT / name for name in needed):
+        (shutil.copytree if path.is_dir() else shutil.copy)(path, project / path.name)
+    checkpoints = tmp_path / "ckpt"
+    checkpoints.mkdir()
+    (project / "results").symlink_to(checkpoints, target_is_directory=True)
+    code, _, err = _cli(str(project / "train.py"), "--checkpoint-dir", str(checkpoints), "--batches", "1")
+    assert code == 2 and "results" in err and "copy it into itself" in err, err[-2000:]
+    assert "Traceback" not in err
+    assert not (checkpoints / "determined").exists()

@@ -149,7 +149,33 @@ def check_local_storage(checkpoint_dir: Path, root: Path) -> None:
     """Before a local run starts: its checkpoint directory can hold checkpoints without eating the
     run (not inside the upload) and can be written."""
     check_outside_upload(checkpoint_dir, root, "--checkpoint-dir")
+    check_upload_links(root, checkpoint_dir)
     check_output_dir(checkpoint_dir, "--checkpoint-dir")
+
+
+def check_upload_links(root: Path, checkpoint_dir: Path) -> None:
+    """No symlinked directory in the upload leads into the checkpoints or back over the project.
+
+    Determined copies the upload into every checkpoint's code/ following directory links
+    (common/storage/shared.py `_copytree`: DirEntry.is_dir() follows them), so such a link makes
+    the copy recurse into the checkpoint it is writing -- after training, losing the run's end."""
+    checkpoints, project = checkpoint_dir.resolve(), root.resolve()
+    for folder, dirs, files in os.walk(root):
+        for name in [*dirs, *files]:
+            path = Path(folder) / name
+            if not path.is_symlink() or not uploaded(root, path) or not path.is_dir():
+                continue
+            target = path.resolve()
+            loops = project.is_relative_to(target)
+            if loops or target.is_relative_to(checkpoints) or checkpoints.is_relative_to(target):
+                raise ConfigError(
+                    f"{path}: a link to {target}, which holds the checkpoints or the project itself; "
+                    "Determined copies the project (minus .detignore) into every checkpoint and "
+                    "would copy it into itself. Remove the link or list it in .detignore."
+                )
+        # Into uploaded real folders only (a link was judged above; os.walk does not follow it).
+        real = [Path(folder) / d for d in dirs if not (Path(folder) / d).is_symlink()]
+        dirs[:] = [d.name for d in real if uploaded(root, d)]
 
 
 def prepare_local_storage(checkpoint_dir: Path) -> None:
