@@ -355,3 +355,11 @@ def test_cpu_precision_report_pairs_seeds_and_applies_the_f1_rule(tmp_path: Path
     assert "PASS: auto may pick bf16 (-0.40 [-0.40, -0.40], n = 5)" in out
     path.write_text(json.dumps({"config": "local.yaml", "rows": rows(3.0)}))
     assert "FAIL: keep fp32 as the default" in _bench("cpu_precision", "report", "--json", str(path))
+
+
+def test_cache_check_benchmark_reports_the_check_and_the_hashing(tmp_path: Path) -> None:
+    out = tmp_path / "cache.json"
+    _bench("cache_check", "--windows", "500", "--length", "64", "--json", str(out))
+    report = json.loads(out.read_text())
+    assert report["windows"] == 500 and report["bytes"] > 500 * 64 * 5
+    assert report["warm_check_s"] > 0 and report["sha256_gb_per_s"] > 0

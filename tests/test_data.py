@@ -258,7 +258,7 @@ def test_cli_prints_json_last_and_fails_cleanly(tiny_bert, tmp_path: Path, capsy
     assert "invalid or truncated JSON" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("damage", ["truncate", "drop_file", "shape_mismatch"])
+@pytest.mark.parametrize("damage", ["truncate", "drop_file", "shape_mismatch", "same_size_bytes"])
 def test_damaged_cache_is_detected_and_rebuilt(damage: str, tokenizer, tmp_path: Path, caplog) -> None:
     squad = squad_files.load_squad(TRAIN_V1, training=True)
     spec = WindowSpec(128, 32, 32)
@@ -271,6 +271,10 @@ def test_damaged_cache_is_detected_and_rebuilt(damage: str, tokenizer, tmp_path:
         array.write_bytes(array.read_bytes()[: array.stat().st_size // 3])
     elif damage == "drop_file":
         array.unlink()
+    elif damage == "same_size_bytes":  # contents changed in place: shapes and sizes still agree
+        raw = bytearray(array.read_bytes())
+        raw[-64:] = b"\xff" * 64
+        array.write_bytes(bytes(raw))
     else:  # an array from another build
         np.save(array, np.zeros((3, 5), dtype=np.int32))
     assert feature_cache.cache_damage(directory) is not None

@@ -22,7 +22,16 @@ from extractive_qa.files import file_lock
 logger = logging.getLogger("squad")
 
 # Bump when the feature layout or labelling changes: old caches then stop matching.
-FEATURES_VERSION = "3"
+# 4: meta.json records each array file's SHA-256.
+FEATURES_VERSION = "4"
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 # --------------------------------------------------------------------------------------------
@@ -53,7 +62,11 @@ def _save_features(features: Features, directory: Path, meta: dict[str, Any]) ->
             if array is not None:
                 np.save(tmp / f"{name}.npy", array, allow_pickle=False)
         arrays = {
-            name: {"shape": list(getattr(features, name).shape), "dtype": getattr(features, name).dtype.str}
+            name: {
+                "shape": list(getattr(features, name).shape),
+                "dtype": getattr(features, name).dtype.str,
+                "sha256": file_sha256(tmp / f"{name}.npy"),
+            }
             for name in Features.ARRAYS
             if getattr(features, name) is not None
         }
@@ -68,9 +81,10 @@ def _save_features(features: Features, directory: Path, meta: dict[str, Any]) ->
 def cache_damage(directory: Path) -> str | None:
     """Why a cache directory cannot be used as it is (None if sound).
 
-    Each array file is checked against what meta.json says it holds (shape, dtype) and against
+    Each array file is checked against what meta.json says it holds (shape, dtype), against
     the bytes its own header promises, so a truncated copy (a full disk, a partial rsync to a
-    shared mount) is caught before np.load maps it.
+    shared mount) is caught before np.load maps it, and against its SHA-256, so bytes changed
+    in place are too (cost: bench/cache_check.py, docs/results.md).
     """
     try:
         meta = json.loads((directory / "meta.json").read_text())
@@ -98,6 +112,8 @@ def cache_damage(directory: Path) -> str | None:
         expected = header + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         if size != expected:
             return f"{path.name}: {size} bytes, expected {expected}"
+        if file_sha256(path) != record.get("sha256"):
+            return f"{path.name}: its contents are not the ones written (SHA-256 differs)"
     return None
 
 
