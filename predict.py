@@ -272,6 +272,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DataError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except OSError as err:  # a write failing after the work (a full disk): what, where, why
+        where = err.filename or "the output"
+        print(f"error: cannot write {where}: {err.strerror or err} (each output file is written "
+              "whole or not at all).", file=sys.stderr)  # fmt: skip
+        return 2
     print(json.dumps(result, ensure_ascii=False))
     return 0
 

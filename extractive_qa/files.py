@@ -30,6 +30,8 @@ def write_text_atomic(path: Path, text: str) -> None:
         with os.fdopen(fd, "w", encoding="utf-8") as out:
             out.write(text)
         os.replace(tmp, path)
+    except OSError as err:  # name the file meant, not the temporary one (a full disk has neither)
+        raise OSError(err.errno, err.strerror, str(path)) from err
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)

@@ -636,3 +636,23 @@ def test_a_link_in_the_upload_into_the_checkpoints_is_refused_before_training(tm
     assert code == 2 and "results" in err and "copy it into itself" in err, err[-2000:]
     assert "Traceback" not in err
     assert not (checkpoints / "determined").exists()
+
+
+def test_a_full_disk_at_the_output_is_one_line_naming_the_file(
+    trained, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    import errno
+    import os
+
+    import predict
+    from tests.support.project import DEV_V1
+
+    def full(*args: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", full)
+    out = tmp_path / "preds.json"
+    code = predict.main(["--checkpoint", str(trained[0]), "--squad", str(DEV_V1), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and f"cannot write {out}: No space left on device" in err, err[-2000:]
+    assert "Traceback" not in err and list(tmp_path.iterdir()) == []  # no partial file

@@ -17,6 +17,7 @@ import numpy as np
 from extractive_qa.config.settings import WindowSpec
 from extractive_qa.data.features import Features, build_features, tokenizer_fingerprint
 from extractive_qa.data.squad_files import SquadSet
+from extractive_qa.errors import DataError
 from extractive_qa.files import file_lock
 
 logger = logging.getLogger("squad")
@@ -170,5 +171,14 @@ def prepare_features(
             state = "rebuilt"
         features = build()
         meta = {"source": str(squad.path), "split": split, "examples": len(squad.examples)}
-        _save_features(features, directory, meta)
+        try:
+            _save_features(features, directory, meta)  # removes its partial directory on failure
+        except OSError as err:
+            arrays = (getattr(features, name) for name in Features.ARRAYS)
+            needed = sum(array.nbytes for array in arrays if array is not None)
+            raise DataError(
+                f"data.cache_dir {cache_dir}: cannot write the feature cache ({err.strerror or err}); "
+                f"it needs about {needed / 1e6:.0f} MB. Free space there, or point data.cache_dir "
+                "elsewhere."
+            ) from None
     return load_features(directory), state
