@@ -34,11 +34,13 @@ from extractive_qa.trial.checkpoints import (
     check_local_storage,
     check_outside_upload,
     check_same_run,
+    checkpoint_write_failed,
     note_length_change,
     prepare_local_storage,
     prepare_resume,
     resume_from,
     verify_on_chief,
+    write_failure_error,
 )
 from extractive_qa.trial.launch import join_process_group, seed_everything
 
@@ -231,11 +233,18 @@ def train_run(
             det_internals.resume_at(0 if source.on_cluster else source.steps_completed),
             stop or contextlib.nullcontext(),
         ):
+            storage = args.checkpoint_dir / "determined"  # what was there: a failed write's debris is new
+            before = {p.name for p in storage.iterdir()} if storage.is_dir() else set()
             try:
                 trainer.fit(**plan.fit_kwargs(source.latest_checkpoint, source.on_cluster))
             except interruption.StoppedNow:  # a second Ctrl-C
                 checkpoint, rank = trial.run_log.checkpoint, context.distributed.rank
                 raise interruption.Interrupted(130, None, checkpoint, rank) from None
+            except (OSError, RuntimeError) as err:
+                if source.on_cluster or not checkpoint_write_failed(err):
+                    raise
+                done, scores = trial.run_log.steps_completed, trial.run_log.validation
+                raise write_failure_error(err, args.checkpoint_dir, before, done, scores) from None
         if stop is not None and stop.stopped_at is not None:
             rank = context.distributed.rank
             raise interruption.Interrupted(stop.exit_code(), stop.stopped_at, trial.run_log.checkpoint, rank)

@@ -656,3 +656,22 @@ def test_a_full_disk_at_the_output_is_one_line_naming_the_file(
     err = capsys.readouterr().err
     assert code == 2 and f"cannot write {out}: No space left on device" in err, err[-2000:]
     assert "Traceback" not in err and list(tmp_path.iterdir()) == []  # no partial file
+
+
+def test_a_checkpoint_write_that_fails_says_where_why_and_what_the_run_reached(
+    trained, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch.save's zip writer fails on a full disk with "unexpected pos" and no reason; the
+    run ends with one line naming the directory, the space left and the scores it reached."""
+    import torch
+
+    from tests.support.project import run_train
+
+    def full_disk(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 4096 vs 4000")
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    code, _, err = run_train(["--config", str(trained_config(trained[0])), "--batches", "2",
+                              "--checkpoint-dir", str(tmp_path / "c")])  # fmt: skip
+    assert code == 2 and "writing a checkpoint after 2 batches failed" in err, err[-2000:]
+    assert "GB free" in err and "f1" in err and "--resume auto" in err and "Traceback" not in err

@@ -4,6 +4,7 @@ Determined unpickles it), local storage prepared, the latest complete checkpoint
 
 from __future__ import annotations
 
+import errno
 import functools
 import io
 import json
@@ -218,6 +219,42 @@ def check_free_space(checkpoint_dir: Path, parameters: int) -> None:
             f"this model ({parameters / 1e6:.1f} M parameters: weights, optimizer state, hf/) "
             f"takes about {needed / 1e9:.2f} GB. Free space there or give another --checkpoint-dir."
         )
+
+
+# How a failed checkpoint write reaches us: an OSError from Python's own writes, or torch.save's
+# zip writer as a RuntimeError ("PytorchStreamWriter failed writing file ...", or "unexpected
+# pos" when the disk filled between its writes) that never says why.
+WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO)
+TORCH_WRITE_FAILURES = ("PytorchStreamWriter failed", "unexpected pos", "file write failed")
+
+
+def checkpoint_write_failed(err: BaseException) -> bool:
+    if isinstance(err, OSError):
+        return err.errno in WRITE_ERRNOS
+    return isinstance(err, RuntimeError) and any(sign in str(err) for sign in TORCH_WRITE_FAILURES)
+
+
+def write_failure_error(
+    err: BaseException, checkpoint_dir: Path, before: set[str], trained: int, validation: dict[str, Any]
+) -> ConfigError:
+    """What a failed checkpoint write tells the user: where, the space left, the partial
+    directories it left (named, not deleted: another run may be writing beside it), and what the
+    run reached."""
+    base = checkpoint_dir / "determined"
+    partial = sorted(
+        p for p in base.iterdir() if p.is_dir() and p.name not in before
+        and not p.name.startswith(".") and not (p / "metadata.json").is_file()
+    ) if base.is_dir() else []  # fmt: skip
+    free = shutil.disk_usage(base if base.is_dir() else checkpoint_dir).free
+    reason = getattr(err, "strerror", None) or str(err).strip().splitlines()[-1][:160]
+    scores = ", ".join(f"{k} {float(v):.2f}" for k, v in validation.items() if k in ("exact_match", "f1"))
+    reached = f" Its last validation: {scores}." if scores else ""
+    left = f" Partial checkpoint(s) left, delete them: {', '.join(map(str, partial))}." if partial else ""
+    return ConfigError(
+        f"--checkpoint-dir {checkpoint_dir}: writing a checkpoint after {trained} batches failed "
+        f"({reason}); {free / 1e9:.2f} GB free there.{reached}{left} Free space and continue "
+        "from the last complete checkpoint with --resume auto."
+    )
 
 
 def check_outside_upload(path: Path, root: Path, flag: str) -> None:
