@@ -98,6 +98,8 @@ class Predictor:
             self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         except RuntimeError:
             raise DataError(f"--device {device!r}: not a device; use cpu or cuda.") from None
+        if self.device.type not in ("cpu", "cuda"):
+            raise DataError(f"--device {device!r}: predict.py runs on cpu or cuda.")
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise DataError(
                 "--device cuda: this torch has no usable CUDA GPU (a CPU build, or no GPU visible); "
@@ -259,6 +261,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             }
         else:
             squad = squad_files.load_squad(args.squad, training=False)
+            if squad.version == "2.0" and predictor.settings.squad_version == "1.1":
+                print(f"predict: warning: {args.squad} is SQuAD v2.0, but this checkpoint was trained "
+                      "on v1.1: it never answers \"\" and unanswerable questions count as wrong.",
+                      file=sys.stderr)  # fmt: skip
             features = predictor.features(squad.examples)
             start_logits, end_logits = predictor.logits(features)
             answers = predictor.extract(squad.examples, features, start_logits, end_logits)

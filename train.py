@@ -42,7 +42,7 @@ from extractive_qa.trial.checkpoints import (
     verify_on_chief,
     write_failure_error,
 )
-from extractive_qa.trial.launch import join_process_group, seed_everything
+from extractive_qa.trial.launch import join_process_group, local_world_size, seed_everything
 
 if TYPE_CHECKING:
     import model_def
@@ -172,7 +172,7 @@ def train_run(
     if info is not None:
         source = from_cluster(info)
     else:  # torchrun's WORLD_SIZE is the slot count of a local run
-        source = from_command_line(args, int(os.environ.get("WORLD_SIZE", "1")))
+        source = from_command_line(args, local_world_size())
     # Check everything before any long work; a bad config ends here with a clear message.
     plan = run_plan.run_plan(source.exp_conf, source.hparams, source.slots)
     if not source.on_cluster:  # where this run writes, checked before it trains

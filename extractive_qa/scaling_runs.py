@@ -123,9 +123,26 @@ def slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9=._-]+", "_", name).strip("_")
 
 
+def check_local_slots(series: Sequence[Variant]) -> None:
+    """Before the first run: each local process needs a GPU of its own, or on a CPU at least a
+    core (64 processes on 2 cores spend minutes on start-up and contention, then measure nothing)."""
+    import torch
+
+    most = max(v.slots for v in series)
+    devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    have, unit = (devices, "GPUs") if devices else (os.cpu_count() or 1, "CPU cores")
+    if most > have:
+        raise ScalingError(
+            f"--slots {most}: more processes than this machine's {have} {unit}; a local series runs "
+            f"each process on its own {unit[:-1]}. Give --slots up to {have}, or launch the series on "
+            "a cluster (scaling.py launch)."
+        )
+
+
 def run_local(series: Sequence[Variant], batches: int, out: Path) -> list[RunInputs]:
     import yaml
 
+    check_local_slots(series)
     runs = []
     for v in series:
         conf = copy.deepcopy(v.config)

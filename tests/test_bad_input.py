@@ -675,3 +675,51 @@ def test_a_checkpoint_write_that_fails_says_where_why_and_what_the_run_reached(
                               "--checkpoint-dir", str(tmp_path / "c")])  # fmt: skip
     assert code == 2 and "writing a checkpoint after 2 batches failed" in err, err[-2000:]
     assert "GB free" in err and "f1" in err and "--resume auto" in err and "Traceback" not in err
+
+
+# --------------------------------------------------------------------------------------------
+# The environment and small inputs: each a named error or a warning.
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "2"])
+def test_a_world_size_not_set_by_torchrun_is_named(value: str, tmp_path: Path, monkeypatch) -> None:
+    from tests.support.project import run_train
+
+    monkeypatch.setenv("WORLD_SIZE", value)
+    for name in ("RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "MASTER_ADDR"):
+        monkeypatch.delenv(name, raising=False)
+    code, _, err = run_train(["--batches", "1", "--checkpoint-dir", str(tmp_path / "c")])
+    assert code == 2 and f"WORLD_SIZE={value}" in err.replace("'", "") and "torchrun" in err, err[-1500:]
+
+
+def test_a_local_series_with_more_processes_than_cores_is_refused(tmp_path: Path) -> None:
+    import os
+
+    import scaling
+
+    too_many = str((os.cpu_count() or 1) + 1)
+    args = ["local", "--config", str(ROOT / "local.yaml"), "--slots", too_many, "--batches", "2",
+            "--out", str(tmp_path)]  # fmt: skip
+    assert scaling.main(args) == 2
+    assert not (tmp_path / "runs").exists()  # refused before the first run
+
+
+def test_contradictory_records_and_foreign_devices_are_named(trained, tmp_path: Path) -> None:
+    from extractive_qa.data import squad_files
+    from extractive_qa.errors import DataError
+    from tests.support.project import DEV_V2
+
+    raw = json.loads(DEV_V2.read_text())
+    qa = next(q for p in raw["data"][0]["paragraphs"] for q in p["qas"] if q.get("is_impossible"))
+    qa["answers"] = [{"text": "x", "answer_start": 0}]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(raw))
+    with pytest.raises(DataError, match="is_impossible is true but it has 1 answer"):
+        squad_files.load_squad(bad, training=False)
+    question = ["--question", "Who won?", "--context", "Denver won."]
+    code, _, err = _cli("predict.py", "--checkpoint", str(trained[0]), *question, "--device", "meta")
+    assert code == 2 and "--device 'meta'" in err and "Traceback" not in err
+    answer_v2 = ["--squad", str(DEV_V2), "--out", str(tmp_path / "p.json")]
+    code, _, err = _cli("predict.py", "--checkpoint", str(trained[0]), *answer_v2)
+    assert code == 0 and "trained on v1.1" in err

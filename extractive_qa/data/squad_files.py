@@ -128,6 +128,11 @@ def _question(qa: dict[str, Any], context: str, place: str, v2_file: bool) -> Ex
             raise DataError(
                 f"{place}: answer_start {start!r} is outside the context (length {len(context)})."
             )
+    if impossible and answers:  # the official v2.0 files give unanswerable questions no answers
+        raise DataError(
+            f"{place}: is_impossible is true but it has {len(answers)} answer(s); one of the two is "
+            "wrong (SQuAD v2.0 keeps an unanswerable question's guesses in plausible_answers)."
+        )
     if not impossible and not answers and not v2_file:
         raise DataError(f"{place}: no answers and not marked is_impossible (v1.1 needs answers).")
     return Example(qa["id"], question, context, answers, impossible or not answers)

@@ -11,6 +11,32 @@ from typing import Any
 
 from extractive_qa.errors import ConfigError
 
+# What torchrun sets beside WORLD_SIZE in every process it starts.
+TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                      "MASTER_ADDR")  # fmt: skip
+
+
+def local_world_size() -> int:
+    """The process count of a local run: WORLD_SIZE as torchrun sets it, 1 without torchrun. A
+    WORLD_SIZE that is not a positive count, or one set without torchrun's other variables (a
+    shell that exported it), is a ConfigError rather than a ValueError deep in the launch."""
+    raw = os.environ.get("WORLD_SIZE")
+    if raw is None:
+        return 1
+    try:
+        size = int(raw)
+    except ValueError:
+        size = 0
+    if size < 1:
+        raise ConfigError(f"WORLD_SIZE={raw!r}: not a process count; unset it, or run under torchrun.")
+    missing = [name for name in TORCHRUN_VARIABLES if name not in os.environ]
+    if size > 1 and missing:
+        raise ConfigError(
+            f"WORLD_SIZE={raw} is set but {', '.join(missing)} are not: this process was not started "
+            "by torchrun. Unset WORLD_SIZE for one process, or start the run with torchrun."
+        )
+    return size
+
 
 def join_process_group(on_cluster: bool, timeout_s: float | None) -> Any:
     """Who initialises the torch process group, decided in one place.
@@ -20,7 +46,7 @@ def join_process_group(on_cluster: bool, timeout_s: float | None) -> Any:
     nothing else joins: we do (gloo on CPU) and hand init() the DistributedContext. Either way
     collectives give up after `timeout_s` (run_plan.collective_timeout) instead of torch's 30 min.
     """
-    if on_cluster or int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+    if on_cluster or local_world_size() <= 1:
         return None
     import torch
     import torch.distributed as dist
