@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from extractive_qa import scaling_runs
+from extractive_qa.config.schema import VALIDATION_METRICS
 from extractive_qa.data.features import load_tokenizer
 from extractive_qa.errors import DataError
 from extractive_qa.trial import model_io
@@ -41,6 +42,7 @@ def test_train_validate_checkpoint_and_hf_export(tiny_bert: Path, tmp_path: Path
     assert code == 0, err
     assert result["steps_completed"] == 4 and math.isfinite(result["last_train_loss"])
     assert 0 <= result["exact_match"] <= result["f1"] <= 100
+    assert set(VALIDATION_METRICS["1.1"]) <= set(result)  # what searcher.metric may name is reported
     ckpt = Path(result["checkpoint"])
     assert (ckpt / "state_dict.pth").is_file() and (ckpt / "hf" / "model.safetensors").is_file()
     from transformers import AutoModelForQuestionAnswering, AutoTokenizer
@@ -204,6 +206,7 @@ def test_squad_v2_reports_v2_metrics(tiny_bert: Path, tmp_path: Path) -> None:
     assert result["NoAns_total"] == 702 and result["HasAns_total"] == 705
     assert {"exact", "f1", "HasAns_f1", "NoAns_exact"} <= set(result)
     assert result["exact_match"] == result["exact"]  # one EM name for both versions
+    assert set(VALIDATION_METRICS["2.0"]) <= set(result)  # what searcher.metric may name is reported
 
 
 BAD = {

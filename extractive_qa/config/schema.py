@@ -53,6 +53,16 @@ HPARAM_TYPES = ("const", "categorical", "int", "double", "log")
 SEARCH_SPACES = ("categorical", "int", "double", "log")
 
 
+# What a validation reports (model_def.score_logits, perf_metrics): what searcher.metric may name.
+# tests/test_trial.py checks these lists against a real run's metrics.
+VALIDATION_METRICS = {
+    "1.1": ("exact_match", "f1", "eval_windows", "perf_val_s", "perf_val_questions_per_s"),
+    "2.0": ("exact_match", "exact", "f1", "total", "HasAns_exact", "HasAns_f1", "HasAns_total",
+            "NoAns_exact", "NoAns_f1", "NoAns_total", "best_exact", "best_exact_thresh", "best_f1",
+            "best_f1_thresh", "eval_windows", "perf_val_s", "perf_val_questions_per_s"),
+}  # fmt: skip
+
+
 def check_config(conf: dict[str, Any], complete: bool = True) -> None:
     """Every field this trial or a 0.38.1 master reads, checked; raises ConfigError. `complete`:
     the config is a whole experiment (a YAML to submit or run), so what the master requires
@@ -90,8 +100,37 @@ def check_config(conf: dict[str, Any], complete: bool = True) -> None:
     _boolean(conf, "perform_initial_validation", "")
     if complete or conf.get("searcher") is not None:
         _check_searcher(conf.get("searcher") or {}, conf.get("hyperparameters") or {})
+        _check_metric(conf)
+    _check_environment_variables((conf.get("environment") or {}).get("environment_variables"))
     for name, spec in (conf.get("hyperparameters") or {}).items():
         _check_hparam(f"hyperparameters.{name}", spec)
+
+
+def _check_metric(conf: dict[str, Any]) -> None:
+    """searcher.metric must be one a validation reports, or the searcher waits for it forever."""
+    metric = (conf.get("searcher") or {}).get("metric")
+    version = str((conf.get("data") or {}).get("squad_version", "1.1"))
+    reported = VALIDATION_METRICS.get(version)
+    if reported and metric not in reported:
+        raise ConfigError(
+            f"searcher.metric: {metric!r} is never reported by a SQuAD {version} validation; use one "
+            f"of {', '.join(reported)} (f1 with smaller_is_better: false is the usual choice)."
+        )
+
+
+def _check_environment_variables(value: Any) -> None:
+    """environment.environment_variables: a list of NAME=VALUE strings, or such lists per device
+    type (cpu, cuda, rocm), as the master's schema takes them."""
+    if value is None:
+        return
+    lists = value.items() if isinstance(value, dict) else [("", value)]
+    for device, entries in lists:
+        where = "environment.environment_variables" + (f".{device}" if device else "")
+        if device and device not in ("cpu", "cuda", "rocm"):
+            raise ConfigError(f"{where}: per-device lists are keyed cpu, cuda or rocm; for one list for "
+                              "all, write - NAME=VALUE items.")  # fmt: skip
+        if not isinstance(entries, list) or not all(isinstance(e, str) and "=" in e for e in entries):
+            raise ConfigError(f"{where}: expected a list of NAME=VALUE strings, got {entries!r}.")
 
 
 def _where(section: str, key: str) -> str:
