@@ -36,8 +36,8 @@ from typing import Any
 
 from extractive_qa.config import experiment, run_plan
 from extractive_qa.config.settings import OPTIMIZERS, Hyperparameters
-from extractive_qa.errors import ConfigError, ScalingError
-from extractive_qa.files import ROOT
+from extractive_qa.errors import ConfigError, DataError, ScalingError
+from extractive_qa.files import ROOT, check_output_dir
 from extractive_qa.scaling_runs import STUDY_LABEL, RunInputs, Variant
 from extractive_qa.trial.optimization import apply_recipe
 
@@ -356,6 +356,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command in ("launch", "report") and not args.master and not getattr(args, "dry_run", False):
             raise ScalingError("--master URL (or DET_MASTER) is required for launch and report.")
+        if args.command in ("report", "local"):  # a directory the report goes to, before any work
+            check_output_dir(args.out.resolve(), "--out")
         if args.command == "report":
             from extractive_qa import scaling_runs
 
@@ -389,7 +391,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         paths = write_report(build_report(runs, args.study), args.out)
         print(json.dumps({"study": args.study, "written": [str(p) for p in paths]}))
         return 0
-    except (ScalingError, ConfigError) as err:
+    except (ScalingError, ConfigError, DataError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
 

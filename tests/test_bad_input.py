@@ -118,6 +118,7 @@ PROBES: dict[str, tuple[Any, str]] = {
     "max-restarts-negative": (changed("max_restarts", -1), "max_restarts"),
     "records-negative": (changed("records_per_epoch", -3), "records_per_epoch"),
     "lr-negative": (hp("learning_rate", -1), "learning_rate"),
+    "lr-zero": (hp("learning_rate", 0), "learning_rate: must be > 0"),
     "lr-word": (hp("learning_rate", "fast"), "learning_rate"),
     "lr-infinite": (hp("learning_rate", float("inf")), "learning_rate"),
     "batch-zero": (hp("global_batch_size", 0), "global_batch_size"),
@@ -360,6 +361,11 @@ def test_the_scoring_cli_warns_per_missing_id_and_refuses_foreign_predictions(tm
     some.write_text(json.dumps({i: "" for i in ids[:10]}))
     code, _, err = _cli("-m", "extractive_qa.qa.squad_metric", str(DEV_V1), str(some))
     assert code == 0 and "counts each missing one as wrong" in err
+    odds = tmp_path / "odds.json"  # NaN would make the printed report invalid JSON
+    odds.write_text(json.dumps({i: (float("nan") if n == 0 else 0.5) for n, i in enumerate(v2_ids)}))
+    metric = ["-m", "extractive_qa.qa.squad_metric"]
+    code, out, err = _cli(*metric, str(DEV_V2), str(half), "--na-prob-file", str(odds))
+    assert code == 2 and "not finite numbers" in err and out == ""
 
 
 def test_predict_checks_its_inputs_and_outputs_before_any_work(trained, tmp_path: Path) -> None:
@@ -707,6 +713,10 @@ def test_a_local_series_with_more_processes_than_cores_is_refused(tmp_path: Path
             "--out", str(tmp_path)]  # fmt: skip
     assert scaling.main(args) == 2
     assert not (tmp_path / "runs").exists()  # refused before the first run
+    a_file = tmp_path / "report.md"
+    a_file.write_text("kept")
+    args = [*args[:4], "1", "--batches", "2", "--out", str(a_file)]  # --slots 1, --out a file
+    assert scaling.main(args) == 2 and a_file.read_text() == "kept"
 
 
 def test_contradictory_records_and_foreign_devices_are_named(trained, tmp_path: Path) -> None:

@@ -57,7 +57,8 @@ class WindowSpec:
 
 def setting(default: Any = dataclasses.MISSING, help: str = "", **check: Any) -> Any:  # noqa: A002
     """A settings field: its default, help text (train.py --settings prints it) and checks:
-    `choices`, `minimum` (inclusive), `below` (exclusive upper bound)."""
+    `choices`, `minimum` (inclusive), `above` (exclusive lower bound), `below` (exclusive upper
+    bound)."""
     return dataclasses.field(default=default, metadata={"help": help, **check})
 
 
@@ -73,7 +74,7 @@ class Hyperparameters:
         3e-5,
         "peak learning rate at reference_batch_size samples per optimizer step (all of it with "
         "lr_scaling: none), reached after the warm-up",
-        minimum=0,
+        above=0,  # 0 would train nothing
     )
     lr_scaling: str = setting(
         "none",
@@ -194,6 +195,8 @@ def _checked(field: dataclasses.Field, kind: Any, value: Any, where: str) -> Any
         raise ConfigError(f"{where}: expected a string, got {value!r}.")
     if "minimum" in meta and value < meta["minimum"]:
         raise ConfigError(f"{where}: must be >= {meta['minimum']}, got {value!r}.")
+    if "above" in meta and not value > meta["above"]:
+        raise ConfigError(f"{where}: must be > {meta['above']}, got {value!r}.")
     if "below" in meta and not value < meta["below"]:
         raise ConfigError(f"{where}: must be < {meta['below']}, got {value!r}.")
     return value

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import math
 import re
 import string
 import sys
@@ -239,6 +240,12 @@ def main(argv: list[str] | None = None) -> int:
                     "questions; no-answer odds apply to v2.0 only."
                 )
             null_odds = _read_json_object(args.na_prob_file, "no-answer odds", (int, float))
+            odd = [qid for qid, odds in null_odds.items() if not math.isfinite(odds)]
+            if odd:  # NaN or infinity would make the report itself not JSON
+                raise DataError(
+                    f"{args.na_prob_file}: {len(odd)} odds are not finite numbers (e.g. {odd[0]}: "
+                    f"{null_odds[odd[0]]}); write it again from predict.py."
+                )
             lacking = [ex.id for ex in squad.examples if ex.id in predictions and ex.id not in null_odds]
             if lacking:
                 raise DataError(
