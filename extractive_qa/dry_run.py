@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from extractive_qa import det_internals
 from extractive_qa.config import experiment, run_plan
 from extractive_qa.config.experiment import asha_brackets, from_command_line
 from extractive_qa.config.run_plan import Length, RunPlan, batches_per_epoch, optimizer_steps, total_batches
@@ -31,7 +32,28 @@ def dry_run(args: argparse.Namespace) -> dict[str, Any]:
     plan = run_plan.run_plan(source.exp_conf, source.hparams, source.slots)
     out = describe(plan, source.exp_conf, source.slots)
     windows = count_training_windows(plan.data, ROOT)
-    return {**out, **count_plan(plan, source.exp_conf, source.slots, windows)}
+    counted = count_plan(plan, source.exp_conf, source.slots, windows)
+    counted["warnings"] = [*counted["warnings"], *not_uploaded(plan.data, ROOT)]
+    return {**out, **counted}
+
+
+def not_uploaded(data: DataSettings, root: Path) -> list[str]:
+    """Relative data files a cluster trial would not find: outside the project or left out of
+    the upload by .detignore (the trial's working directory is the upload)."""
+    warnings = []
+    for field in ("train_file", "validation_file"):
+        given = str(getattr(data, field))
+        if given.startswith(("http://", "https://")) or Path(given).is_absolute():
+            continue
+        path = (root / given).resolve()
+        inside = path.is_relative_to(root.resolve())
+        if not inside or not det_internals.uploaded(root.resolve(), path):
+            why = "is left out of the upload by .detignore" if inside else "is outside the project directory"
+            warnings.append(
+                f"data.{field} {given} {why}: a cluster trial would not find it (this machine's "
+                "runs do). Keep it under the project and out of .detignore, or give a URL."
+            )
+    return warnings
 
 
 def describe(plan: run_plan.RunPlan, conf: dict[str, Any], slots: int) -> dict[str, Any]:

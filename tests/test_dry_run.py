@@ -159,3 +159,13 @@ def test_the_dry_run_asks_no_network() -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     assert "Retrying" not in done.stderr and "127.0.0.1:9" not in done.stderr
     assert time.perf_counter() - started < 20
+
+
+def test_a_relative_data_file_outside_the_upload_is_warned_of() -> None:
+    """A cluster trial works in the upload: a relative file .detignore leaves out, or one outside
+    the project, is not there (a local run still finds it)."""
+    left_out = dry(ROOT / "local.yaml", "--set", "data.train_file=squad_data/train-v1.1-excerpt.json")
+    assert any("left out of the upload by .detignore" in w for w in left_out["warnings"])
+    outside = dry(ROOT / "local.yaml", "--set", "data.validation_file=../elsewhere/dev.json")
+    assert any("data.validation_file" in w and "outside the project" in w for w in outside["warnings"])
+    assert not any("upload" in w for w in dry(ROOT / "local.yaml")["warnings"])
