@@ -326,3 +326,27 @@ def test_hostile_json_is_a_named_error(text: str, needle: str, tmp_path: Path) -
     with pytest.raises(DataError, match=needle) as err:
         squad_files.load_squad(path, training=False)
     assert str(path) in str(err.value)
+
+
+def test_a_read_only_cache_with_a_sound_entry_is_used_and_without_one_named(
+    tokenizer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cache on a read-only mount (access(2) says EROFS, even to root): a sound entry maps
+    without the lock file it cannot create; a missing one is a named error, not Errno 30."""
+    import os
+
+    from extractive_qa.errors import DataError
+
+    squad = squad_files.load_squad(TRAIN_V1, training=True)
+    spec = WindowSpec(128, 32, 32)
+    built, _ = feature_cache.prepare_features(squad, tokenizer, "m", spec, "train", tmp_path)
+    real_access = os.access
+
+    def read_only(path: object, mode: int) -> bool:
+        return False if Path(str(path)) == tmp_path and mode == os.W_OK else real_access(path, mode)
+
+    monkeypatch.setattr(os, "access", read_only)
+    again, state = feature_cache.prepare_features(squad, tokenizer, "m", spec, "train", tmp_path)
+    assert state == "hit" and np.array_equal(again.input_ids, built.input_ids)
+    with pytest.raises(DataError, match="not writable"):
+        feature_cache.prepare_features(squad, tokenizer, "m", WindowSpec(128, 48, 32), "train", tmp_path)

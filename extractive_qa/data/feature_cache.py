@@ -153,6 +153,17 @@ def prepare_features(
     fp = features_fingerprint(squad, tokenizer_name, tokenizer, spec, split)
     directory = Path(cache_dir) / f"{split}-{fp}"
     state = "built"
+    if Path(cache_dir).is_dir() and not os.access(cache_dir, os.W_OK):
+        # A read-only cache (a shared mount built by someone else): use a sound entry without
+        # the lock, which would need a lock file there.
+        damage = cache_damage(directory) if directory.exists() else "no entry for this data and tokenizer"
+        if damage is None:
+            return load_features(directory), "hit"
+        raise DataError(
+            f"data.cache_dir {cache_dir}: not writable, and its entry {directory.name} cannot be "
+            f"used ({damage}). Point data.cache_dir at a writable directory, or build the entry "
+            "there first (python3 data.py)."
+        )
     with file_lock(directory):  # one process builds; the others wait and map it
         # Temporary build directories of this cache that a killed process left behind: only the
         # lock's holder builds, so any that exist now are dead.
