@@ -209,7 +209,10 @@ def train_run(
         pytorch.init(**plan.init_kwargs(source.exp_conf), distributed=distributed) as context,
     ):
         if source.checkpoint_path is not None:  # before the model and data are loaded
-            verify_on_chief(context.distributed, source.checkpoint_path, "DET_LATEST_CHECKPOINT")
+            private = verify_on_chief(context.distributed, source.checkpoint_path, "DET_LATEST_CHECKPOINT")
+            source.latest_checkpoint = private  # every rank restores the chief's checked copy
+            if context.distributed.rank == 0:
+                cleanup.callback(shutil.rmtree, source.checkpoint_path.parent / private, ignore_errors=True)
         trial = (trial_class or model_def.SquadTrial)(context)
         series = None
         if args.metrics_out and context.distributed.rank == 0:

@@ -91,7 +91,7 @@ RESTORED_FILES = ("state_dict.pth", "trial_state.pkl", "workload_sequencer.pkl",
                   "load_data.json", IDENTITY_RECORD)  # fmt: skip
 
 
-def private_copy(checkpoint: Path, storage_root: Path) -> Path:
+def private_copy(checkpoint: Path, storage_root: Path, what: str = "--resume") -> Path:
     """The files a resume reads, copied into a new directory only this user can enter.
 
     The scan and Determined's unpickling then read the same bytes: checking the user's directory
@@ -107,7 +107,7 @@ def private_copy(checkpoint: Path, storage_root: Path) -> Path:
                 continue
             except OSError as err:
                 reason = f"cannot be read as a plain file ({err})"
-                raise ConfigError(f"--resume {checkpoint / name}: {reason}.") from None
+                raise ConfigError(f"{what} {checkpoint / name}: {reason}.") from None
             with os.fdopen(source, "rb") as src, open(private / name, "xb") as dst:
                 shutil.copyfileobj(src, dst, 1 << 20)
     except BaseException:
@@ -116,34 +116,36 @@ def private_copy(checkpoint: Path, storage_root: Path) -> Path:
     return private
 
 
-def prepare_resume(checkpoint: Path, storage_root: Path) -> tuple[Path, int]:
-    """A private, checked copy of a checkpoint in Determined's local storage: (its directory,
-    steps). The caller removes the directory when the run ends."""
-    private = private_copy(checkpoint, storage_root)
+def prepare_resume(checkpoint: Path, storage_root: Path, what: str = "--resume") -> tuple[Path, int]:
+    """A private, checked copy of a checkpoint in Determined's storage: (its directory, steps).
+    The caller removes the directory when the run ends."""
+    private = private_copy(checkpoint, storage_root, what)
     try:
-        steps = check_checkpoint(private, "--resume", shown=checkpoint)
+        steps = check_checkpoint(private, what, shown=checkpoint)
     except BaseException:
         shutil.rmtree(private, ignore_errors=True)
         raise
     return private, steps
 
 
-def verify_on_chief(distributed: Any, checkpoint: Path, what: str) -> None:
-    """The chief alone reads and CRC-checks the checkpoint (bert-base: ~1.3 GB from shared storage,
-    once instead of once per rank); every rank gets its verdict and a damaged checkpoint stops
-    them all with the same message (exit 2)."""
+def verify_on_chief(distributed: Any, checkpoint: Path, what: str) -> str:
+    """A cluster's checkpoint on shared_fs: the chief alone copies the files Determined restores
+    into a private directory beside it (the storage every rank sees), checks the copy (bert-base:
+    ~1.3 GB read once instead of once per rank) and names it; every rank then restores that copy,
+    so the bytes unpickled are the bytes checked. A damaged checkpoint stops them all with the
+    same message (exit 2). Returns the copy's storage id; the chief removes it after the run."""
     verdict: dict[str, Any] | None = None
     if distributed.rank == 0:
-        logging.getLogger("squad").info(
-            "verifying %s %s for all %d ranks", what, checkpoint, distributed.size
-        )
+        logger.info("verifying %s %s for all %d ranks", what, checkpoint, distributed.size)
         try:
-            verdict = {"steps": check_checkpoint(checkpoint, what)}
+            private, steps = prepare_resume(checkpoint, checkpoint.parent, what)
+            verdict = {"steps": steps, "private": private.name}
         except ConfigError as err:
             verdict = {"error": str(err)}
     verdict = distributed.broadcast(verdict)
     if "error" in verdict:
         raise ConfigError(verdict["error"])
+    return str(verdict["private"])
 
 
 def check_local_storage(checkpoint_dir: Path, root: Path) -> None:
