@@ -587,7 +587,7 @@ def test_a_damaged_export_is_refused_not_used(damage: str, trained, tmp_path: Pa
     the ranges a config is held to: predict.py names the file (exit 2) instead of answering."""
     import shutil
 
-    from tokenizers import Tokenizer, models
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 
     checkpoint, _ = trained
     damaged = tmp_path / "damaged"
@@ -598,7 +598,10 @@ def test_a_damaged_export_is_refused_not_used(damage: str, trained, tmp_path: Pa
         (hf / "tokenizer.json").unlink()
     elif damage == "foreign-tokenizer":
         vocab = {w: i for i, w in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])}
-        Tokenizer(models.WordPiece(vocab, unk_token="[UNK]")).save(str(hf / "tokenizer.json"))
+        foreign = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))  # a 5-token BERT tokenizer
+        foreign.normalizer = normalizers.BertNormalizer()
+        foreign.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        foreign.save(str(hf / "tokenizer.json"))
     elif damage == "n-best-zero":
         (hf / "qa_settings.json").write_text(json.dumps({**settings, "n_best_size": 0}))
     else:  # a stride as long as the window: no window would advance

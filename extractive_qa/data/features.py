@@ -26,12 +26,13 @@ def load_tokenizer(name: str, local_only: bool = False) -> Any:
     """The model's fast tokenizer; `local_only`: from this machine only (no hub request)."""
     from transformers import AutoTokenizer
 
+    source = resolve_pretrained(name) if local_only else loadable_pretrained(name)
     try:
-        source = resolve_pretrained(name) if local_only else loadable_pretrained(name)
         tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local_only)
-    except (OSError, ValueError) as err:
+    except Exception as err:  # a missing, foreign or damaged tokenizer file: many kinds, one answer
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise DataError(
-            f"could not load tokenizer {name!r}: {str(err).splitlines()[0]} "
+            f"could not load tokenizer {name!r}: {reason} "
             "Give a local model directory, or a hub name on a machine that can reach the hub."
         ) from None
     if not getattr(tokenizer, "is_fast", False):
