@@ -29,18 +29,20 @@ from extractive_qa.dry_run import dry_run
 from extractive_qa.errors import ConfigError, DataError
 from extractive_qa.files import check_not_an_input, check_output_file, write_text_atomic
 from extractive_qa.trial import callbacks, interruption
-from extractive_qa.trial.checkpoints import (
+from extractive_qa.trial.checkpoint_storage import (
     check_free_space,
     check_local_storage,
     check_outside_upload,
-    check_same_run,
     checkpoint_write_failed,
-    note_length_change,
     prepare_local_storage,
+    write_failure_error,
+)
+from extractive_qa.trial.checkpoints import (
+    check_same_run,
+    note_length_change,
     prepare_resume,
     resume_from,
     verify_on_chief,
-    write_failure_error,
 )
 from extractive_qa.trial.launch import join_process_group, local_world_size, seed_everything
 

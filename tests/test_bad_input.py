@@ -305,7 +305,7 @@ def test_outputs_that_cannot_be_written_are_refused_before_training(tmp_path: Pa
 
 
 def test_partial_checkpoints_are_named_and_the_storage_is_not_world_writable(tmp_path: Path, caplog) -> None:
-    from extractive_qa.trial.checkpoints import prepare_local_storage
+    from extractive_qa.trial.checkpoint_storage import prepare_local_storage
 
     base = tmp_path / "c" / "determined"
     base.mkdir(parents=True, mode=0o777)

@@ -1,2 +1,2 @@
 """The trial in Determined: model_io, optimization, perf_metrics, evaluation, progress,
-interruption, callbacks, launch, checkpoints."""
+interruption, callbacks, launch, checkpoints, checkpoint_storage."""
