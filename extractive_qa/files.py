@@ -22,6 +22,14 @@ def file_lock(path: Path) -> Any:
     return FileLock(str(path) + ".lock")
 
 
+def shared_mode(path: Path | str, directory: bool = False) -> None:
+    """The mode a plain open()/mkdir() would have given: mkstemp and mkdtemp make owner-only
+    files (0600 / 0700), which other users of a shared cache or export directory cannot read."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, (0o777 if directory else 0o666) & ~umask)
+
+
 def write_text_atomic(path: Path, text: str) -> None:
     """Write via a temporary file in the same directory and rename: never a half-written file."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -29,6 +37,7 @@ def write_text_atomic(path: Path, text: str) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as out:
             out.write(text)
+        shared_mode(tmp)
         os.replace(tmp, path)
     except OSError as err:  # name the file meant, not the temporary one (a full disk has neither)
         raise OSError(err.errno, err.strerror, str(path)) from err

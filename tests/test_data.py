@@ -350,3 +350,55 @@ def test_a_read_only_cache_with_a_sound_entry_is_used_and_without_one_named(
     assert state == "hit" and np.array_equal(again.input_ids, built.input_ids)
     with pytest.raises(DataError, match="not writable"):
         feature_cache.prepare_features(squad, tokenizer, "m", WindowSpec(128, 48, 32), "train", tmp_path)
+
+
+def test_cache_entries_and_outputs_are_readable_by_others_as_the_umask_says(
+    tokenizer, tmp_path: Path
+) -> None:
+    """Written through a private temporary (mkstemp 0600, mkdtemp 0700), then given the mode a
+    plain write would have: another user of a shared cache or answer directory can read them."""
+    import os
+    import stat
+
+    from extractive_qa.files import write_text_atomic
+
+    old = os.umask(0o022)
+    try:
+        squad = squad_files.load_squad(TRAIN_V1, training=True)
+        spec = WindowSpec(128, 32, 32)
+        feature_cache.prepare_features(squad, tokenizer, "m", spec, "train", tmp_path / "c")
+        (entry,) = [p for p in (tmp_path / "c").iterdir() if p.is_dir()]
+        write_text_atomic(tmp_path / "preds.json", "{}")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(entry.stat().st_mode) == 0o755
+    assert stat.S_IMODE((tmp_path / "preds.json").stat().st_mode) == 0o644
+
+
+def test_the_pinned_digest_guards_the_bytes_parsed_not_the_path(tmp_path: Path, monkeypatch) -> None:
+    """An official file checked on disk and swapped before it is read: load_squad hashes the
+    bytes it parses, so the swap is refused, also from a read-only download directory."""
+    import hashlib
+    import os
+
+    url = f"{squad_files.OFFICIAL_BASE_URL}dev-v1.1.json"
+    dest = tmp_path / "dl" / "dev-v1.1.json"
+    dest.parent.mkdir()
+    dest.write_bytes(DEV_V1.read_bytes())
+    pinned = hashlib.sha256(DEV_V1.read_bytes()).hexdigest()  # this excerpt stands in for the file
+    monkeypatch.setitem(squad_files.OFFICIAL_SHA256, "dev-v1.1.json", pinned)
+    resolve = squad_files.resolve_source
+
+    def checked_then_swapped(*args: object, **kwargs: object) -> Path:
+        path = resolve(*args, **kwargs)
+        path.write_bytes(DEV_V2.read_bytes())
+        return path
+
+    monkeypatch.setattr(squad_files, "resolve_source", checked_then_swapped)
+    with pytest.raises(DataError, match="SHA-256 differs"):
+        squad_files.load_squad(url, training=False, download_dir=dest.parent)
+    monkeypatch.setattr(squad_files, "resolve_source", resolve)
+    dest.write_bytes(DEV_V1.read_bytes())
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: False if mode == os.W_OK else real_access(p, mode))
+    assert squad_files.load_squad(url, training=False, download_dir=dest.parent).examples  # no lock file

@@ -18,7 +18,7 @@ from extractive_qa.config.settings import WindowSpec
 from extractive_qa.data.features import Features, build_features, tokenizer_fingerprint
 from extractive_qa.data.squad_files import SquadSet
 from extractive_qa.errors import DataError
-from extractive_qa.files import file_lock
+from extractive_qa.files import file_lock, shared_mode
 
 logger = logging.getLogger("squad")
 
@@ -73,6 +73,7 @@ def _save_features(features: Features, directory: Path, meta: dict[str, Any]) ->
         }
         meta = {**meta, "cls_index": features.cls_index, "features": len(features), "arrays": arrays}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+        shared_mode(tmp, directory=True)  # other users of a shared cache can map it
         os.replace(tmp, directory)  # atomic publish of the whole directory
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
