@@ -207,7 +207,9 @@ def http_dir(tmp_path: Path):
     server.shutdown()
 
 
-def test_download_verifies_the_official_digest(http_dir, tmp_path: Path) -> None:
+def test_download_verifies_the_official_digest(
+    http_dir, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     root, url = http_dir
     (root / "dev-v1.1.json").write_bytes(DEV_V1.read_bytes())  # not the full official file
     dest = tmp_path / "dl"
@@ -217,7 +219,9 @@ def test_download_verifies_the_official_digest(http_dir, tmp_path: Path) -> None
     (root / "mine.json").write_bytes(DEV_V1.read_bytes())  # a name with no pinned digest
     path = squad_files.resolve_source(f"{url}/mine.json", dest)
     assert path.read_bytes() == DEV_V1.read_bytes()
-    assert squad_files.load_squad(f"{url}/mine.json", training=False, download_dir=dest).examples
+    with caplog.at_level("INFO", logger="squad"):  # the second time: the cached copy, said so
+        assert squad_files.load_squad(f"{url}/mine.json", training=False, download_dir=dest).examples
+    assert "using the copy downloaded" in caplog.text and "delete it to download it again" in caplog.text
 
 
 def test_offline_download_says_where_to_put_the_file(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import tempfile
+import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
@@ -174,6 +175,17 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _cached(url: str, dest: Path, expected: str | None) -> Path:
+    """An earlier download of `url`. An unpinned URL is not fetched again (its content may have
+    changed since): say which copy is used and how to refresh it."""
+    if expected is None:
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(dest.stat().st_mtime))
+        logging.getLogger("squad").info(
+            "%s: using the copy downloaded %s (%s); delete it to download it again", url, when, dest
+        )
+    return dest
+
+
 def _pinned_sha256(source: str | os.PathLike) -> str | None:
     text = str(source)
     if not text.startswith(("http://", "https://")):
@@ -201,10 +213,10 @@ def resolve_source(source: str | os.PathLike, download_dir: Path | None = None) 
             "trained on. Prefer https, or copy the file here and give its path.", text
         )
     if dest.is_file() and not os.access(dest.parent, os.W_OK):
-        return dest  # a read-only download dir (a shared mount): no lock file; load_squad checks the bytes
+        return _cached(text, dest, expected)  # a read-only download dir: no lock; load_squad checks bytes
     with file_lock(dest):
         if dest.is_file() and (expected is None or sha256_file(dest) == expected):
-            return dest
+            return _cached(text, dest, expected)
         try:
             _download(text, dest, expected)
         except (urllib.error.URLError, OSError, TimeoutError) as err:
