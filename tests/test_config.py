@@ -50,7 +50,7 @@ BAD = {
     "bool for number": ({}, {"learning_rate": True}, "hyperparameters.learning_rate: expected a number"),
     "nan": ({}, {"weight_decay": float("nan")}, "hyperparameters.weight_decay: expected a number"),
     "warmup": ({}, {"warmup_ratio": 1.0}, "hyperparameters.warmup_ratio: must be < 1"),
-    "negative lr": ({}, {"learning_rate": -1e-5}, "hyperparameters.learning_rate: must be >= 0"),
+    "negative lr": ({}, {"learning_rate": -1e-5}, "hyperparameters.learning_rate: must be > 0"),
     "batch": ({}, {"global_batch_size": 0}, "hyperparameters.global_batch_size: must be >= 1"),
     "compile": ({}, {"torch_compile": "no"}, "hyperparameters.torch_compile: expected true or false"),
     "batching": ({}, {"batching": "grouped"}, "hyperparameters.batching: 'grouped' is not one of padded"),
