@@ -8,8 +8,12 @@ extractive_qa/qa/answers (model logits -> answer strings). Evaluation (model_def
 extraction.
 
 CLI (preprocess ahead of time so cluster ranks map a ready cache):
-    python3 data.py --squad PATH_OR_URL --tokenizer NAME_OR_DIR --split train|validation \
+    python3 data.py --squad PATH_OR_URL --tokenizer NAME_OR_DIR --split train|validation
         [--max-seq-length 384 --doc-stride 128 --max-query-length 64] --cache-dir DIR [--no-cache]
+
+Convert between SQuAD's nested JSON and the flat squad schema (the format from --out's suffix:
+.json, .jsonl or .parquet; every question checked, none dropped):
+    python3 data.py --convert IN --out OUT
 """
 
 from __future__ import annotations
@@ -27,8 +31,15 @@ from typing import Any
 from extractive_qa.config.settings import DataSettings, WindowSpec
 from extractive_qa.data.feature_cache import prepare_features
 from extractive_qa.data.features import Features, load_tokenizer
-from extractive_qa.data.squad_files import SquadSet, default_download_dir, load_squad
+from extractive_qa.data.squad_files import (
+    SquadSet,
+    default_download_dir,
+    first_examples,
+    load_squad,
+    write_squad,
+)
 from extractive_qa.errors import ConfigError, DataError
+from extractive_qa.files import check_not_an_input, check_output_file
 
 logger = logging.getLogger("squad")
 
@@ -53,8 +64,8 @@ def load_run_data(settings: DataSettings, spec: WindowSpec, rank: int) -> RunDat
     model_name = settings.pretrained_model
     tokenizer = load_tokenizer(model_name)
     cache_dir = Path(settings.cache_dir or default_download_dir() / "features")
-    train_set = load_squad(settings.train_file, training=True)
-    val_set = load_squad(settings.validation_file, training=False)
+    train_set = first_examples(load_squad(settings.train_file, training=True), settings.max_train_examples)
+    val_set = first_examples(load_squad(settings.validation_file, training=False), settings.max_eval_examples)
     for name, squad in (("train_file", train_set), ("validation_file", val_set)):
         if squad.version == "2.0" and settings.squad_version != "2.0":
             raise ConfigError(
@@ -80,16 +91,27 @@ def load_run_data(settings: DataSettings, spec: WindowSpec, rank: int) -> RunDat
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--squad", required=True, help="SQuAD JSON path or URL")
-    parser.add_argument("--tokenizer", required=True, help="hub name or local model directory")
-    parser.add_argument("--split", required=True, choices=["train", "validation"])
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 2)[2],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
+    parser.add_argument("--convert", metavar="IN", help="a SQuAD file (any format) to convert; needs --out")
+    parser.add_argument("--out", type=Path, help="with --convert: OUT.json, OUT.jsonl or OUT.parquet")
+    parser.add_argument("--squad", help="SQuAD file (JSON, JSON Lines, Parquet), datasets: source or URL")
+    parser.add_argument("--tokenizer", help="hub name or local model directory")
+    parser.add_argument("--split", choices=["train", "validation"])
     parser.add_argument("--max-seq-length", type=int, default=WindowSpec.max_seq_length)
     parser.add_argument("--doc-stride", type=int, default=WindowSpec.doc_stride)
     parser.add_argument("--max-query-length", type=int, default=WindowSpec.max_query_length)
     parser.add_argument("--cache-dir", type=Path, default=None)
     parser.add_argument("--no-cache", action="store_true", help="build in memory, write nothing")
     args = parser.parse_args(argv)
+    if args.convert or args.out:
+        if not (args.convert and args.out) or args.squad:
+            parser.error("--convert IN goes with --out OUT (and nothing else)")
+        return convert(args.convert, args.out)
+    if not (args.squad and args.tokenizer and args.split):
+        parser.error("give --squad, --tokenizer and --split (or --convert IN --out OUT)")
     if args.cache_dir is None and not args.no_cache:
         parser.error("give --cache-dir DIR (or --no-cache to only measure)")
     spec = WindowSpec(args.max_seq_length, args.doc_stride, args.max_query_length)
@@ -124,6 +146,25 @@ def main(argv: Sequence[str] | None = None) -> int:
             }
         )
     )
+    return 0
+
+
+def convert(source: str, out: Path) -> int:
+    """--convert: one SQuAD file rewritten in another format, whole or not at all."""
+    try:
+        if out.suffix not in (".json", ".jsonl", ".parquet"):
+            raise DataError(f"--out {out}: name it .json (nested SQuAD), .jsonl or .parquet.")
+        check_output_file(out.resolve(), "--out")
+        check_not_an_input({"--out": out}, {"--convert": Path(source)})
+        squad = load_squad(source, training=False)
+        write_squad(squad, out)
+    except DataError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:
+        print(f"error: cannot write {err.filename or out}: {err.strerror or err}.", file=sys.stderr)
+        return 2
+    print(json.dumps({"questions": len(squad.examples), "version": squad.version, "out": str(out)}))
     return 0
 
 

@@ -18,6 +18,7 @@ from extractive_qa.config import experiment, run_plan
 from extractive_qa.config.experiment import asha_brackets, from_command_line
 from extractive_qa.config.run_plan import Length, RunPlan, batches_per_epoch, optimizer_steps, total_batches
 from extractive_qa.config.settings import DataSettings, WindowSpec
+from extractive_qa.data.flat_squad import DATASETS_PREFIX
 from extractive_qa.errors import DataError
 from extractive_qa.files import ROOT
 from extractive_qa.trial.model_io import local_device, resolve_precision
@@ -43,7 +44,7 @@ def not_uploaded(data: DataSettings, root: Path) -> list[str]:
     warnings = []
     for field in ("train_file", "validation_file"):
         given = str(getattr(data, field))
-        if given.startswith(("http://", "https://")) or Path(given).is_absolute():
+        if given.startswith(("http://", "https://", DATASETS_PREFIX)) or Path(given).is_absolute():
             continue
         path = (root / given).resolve()
         inside = path.is_relative_to(root.resolve())
@@ -99,6 +100,8 @@ def describe(plan: run_plan.RunPlan, conf: dict[str, Any], slots: int) -> dict[s
                 "train_file",
                 "validation_file",
                 "squad_version",
+                "max_train_examples",
+                "max_eval_examples",
                 "max_seq_length",
                 "doc_stride",
             )
@@ -132,7 +135,13 @@ def count_training_windows(data: DataSettings, root: Path) -> WindowCount:
     """The training windows the run will train on, and how that number was obtained."""
     from extractive_qa.data.feature_cache import cache_damage, features_fingerprint, load_features
     from extractive_qa.data.features import build_features, load_tokenizer
-    from extractive_qa.data.squad_files import OFFICIAL_SHA256, cache_name, default_download_dir, load_squad
+    from extractive_qa.data.squad_files import (
+        OFFICIAL_SHA256,
+        cache_name,
+        default_download_dir,
+        first_examples,
+        load_squad,
+    )
 
     spec = WindowSpec(data.max_seq_length, data.doc_stride, data.max_query_length)
     source = str(data.train_file)
@@ -149,11 +158,13 @@ def count_training_windows(data: DataSettings, root: Path) -> WindowCount:
             return WindowCount(estimate, "estimate", note, OFFICIAL_QUESTIONS.get(name))
         return WindowCount(None, "unknown", f"{why}; the run reports its windows when it starts")
 
+    if source.startswith(DATASETS_PREFIX):
+        return fallback(f"{source} is read through datasets when the run starts")
     if not local.is_file():
         return fallback(f"{source} is not on this machine yet")
     try:
         tokenizer = load_tokenizer(data.pretrained_model, local_only=True)
-        squad = load_squad(local, training=True)
+        squad = first_examples(load_squad(local, training=True), data.max_train_examples)
     except (DataError, OSError, ValueError) as err:
         return fallback(f"cannot window it here ({str(err).splitlines()[0][:120]})")
     cache_dir = Path(data.cache_dir or default_download_dir() / "features")

@@ -32,11 +32,16 @@ def shared_mode(path: Path | str, directory: bool = False) -> None:
 
 def write_text_atomic(path: Path, text: str) -> None:
     """Write via a temporary file in the same directory and rename: never a half-written file."""
+    write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """write_text_atomic for bytes."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            out.write(text)
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
         shared_mode(tmp)
         os.replace(tmp, path)
     except OSError as err:  # name the file meant, not the temporary one (a full disk has neither)

@@ -79,7 +79,7 @@ def test_bad_settings_name_the_field(name: str) -> None:
 
 
 def test_missing_required_data_setting() -> None:
-    with pytest.raises(ConfigError, match="data.validation_file is missing: give a SQuAD JSON"):
+    with pytest.raises(ConfigError, match="data.validation_file is missing: give SQuAD JSON, or the flat"):
         run_plan.run_plan({"data": {"train_file": "a.json"}}, LENGTH, slots=1)
 
 

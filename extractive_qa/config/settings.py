@@ -132,12 +132,24 @@ def _squad_version(value: Any) -> Any:
     return {"1.1": "1.1", "2.0": "2.0", "2": "2.0"}.get(text, value)
 
 
+DATA_FILE_HELP = (
+    "SQuAD JSON, or the flat squad schema as JSON Lines or Parquet (told apart by content), a "
+    "datasets:NAME_OR_DIR:SPLIT source, or an official URL (downloaded, SHA-256 checked)"
+)
+
+
 @dataclass(frozen=True)
 class DataSettings:
     """`data:`: where SQuAD and the model come from, and how questions become windows."""
 
-    train_file: str = setting(help="a SQuAD JSON path or official URL (downloaded, SHA-256 checked)")
-    validation_file: str = setting(help="a SQuAD JSON path or official URL (downloaded, SHA-256 checked)")
+    train_file: str = setting(help=DATA_FILE_HELP)
+    validation_file: str = setting(help=DATA_FILE_HELP)
+    max_train_examples: int | None = setting(
+        None, "train on the file's first N questions only (a quick check); default: all", minimum=1
+    )
+    max_eval_examples: int | None = setting(
+        None, "validate on the file's first N questions only (a quick check); default: all", minimum=1
+    )
     pretrained_model: str = setting(
         "bert-base-uncased", "a hub name, a local save_pretrained directory, or the embedded default's name"
     )

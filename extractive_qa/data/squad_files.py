@@ -12,12 +12,14 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from extractive_qa.data import flat_squad
 from extractive_qa.errors import DataError
-from extractive_qa.files import file_lock, shared_mode
+from extractive_qa.files import file_lock, shared_mode, write_text_atomic
 
 # --------------------------------------------------------------------------------------------
 # Parsing and validation.
@@ -31,6 +33,7 @@ class Example:
     context: str
     answers: list[dict[str, Any]]  # [{"text": str, "answer_start": int}], may be empty (v2.0)
     is_impossible: bool = False
+    title: str = ""
 
 
 @dataclass
@@ -43,11 +46,16 @@ class SquadSet:
 
 
 def load_squad(source: str | os.PathLike, *, training: bool, download_dir: Path | None = None) -> SquadSet:
-    """Parse and validate a SQuAD v1.1 / v2.0 file.
+    """Parse and validate a SQuAD v1.1 / v2.0 file: SQuAD's nested JSON, or the flat `squad`
+    schema (JSON Lines, a JSON array, Parquet, or `datasets:NAME_OR_DIR:SPLIT`), told apart by
+    the file's content.
 
     Training drops (and reports) questions whose first answer is not where `answer_start` says;
     evaluation keeps every question, as the official scripts do.
     """
+    if str(source).startswith(flat_squad.DATASETS_PREFIX):
+        records, digest = flat_squad.datasets_records(str(source))
+        return _checked(Path(str(source)), _flat_questions(records), digest, training, flat=True)
     path = resolve_source(source, download_dir)
     raw = path.read_bytes()
     digest, pinned = hashlib.sha256(raw).hexdigest(), _pinned_sha256(source)
@@ -55,11 +63,33 @@ def load_squad(source: str | os.PathLike, *, training: bool, download_dir: Path 
         # The digest is checked on the bytes parsed here, not only on the file before reading.
         raise DataError(f"{path}: its contents are not the official {source} (SHA-256 differs); "
                         "delete it to download it again.")  # fmt: skip
-    doc = _read_json(path, raw)
-    examples: list[Example] = []
-    skipped: list[str] = []
-    seen: set[str] = set()
-    has_impossible = False  # any question so far carries is_impossible: a v2.0 file
+    if raw.startswith(flat_squad.PARQUET_MAGIC):
+        records = flat_squad.parquet_records(path, raw)
+        return _checked(path, _flat_questions(records), digest, training, flat=True)
+    text = _text(path, raw)
+    if flat_squad.is_flat_json(text):
+        records = flat_squad.json_records(path, text)
+        return _checked(path, _flat_questions(records), digest, training, flat=True)
+    doc = _read_json(path, text)
+    if flat_squad.is_flat_record(doc):  # JSON Lines of one line
+        records = [flat_squad.FlatRecord(f"{path}: line 1", doc)]
+        return _checked(path, _flat_questions(records), digest, training, flat=True)
+    if not isinstance(doc, dict) or not isinstance(doc.get("data"), list):
+        raise DataError(
+            f"{path}: no top-level 'data' list; is this a SQuAD file? (Flat records -- one question "
+            "per line with id, title, context, question, answers -- are read as JSON Lines.)"
+        )
+    squad = _checked(path, _nested_questions(path, doc), digest, training, flat=False)
+    if str(doc.get("version", "")).startswith("v2"):
+        squad.version = "2.0"
+    return squad
+
+
+# (place for messages, article title, context, the question's dict in SQuAD's nested form)
+Question = tuple[str, str, Any, Any]
+
+
+def _nested_questions(path: Path, doc: dict[str, Any]) -> Iterator[Question]:
     for a, article in enumerate(doc["data"]):
         title = article.get("title", "?") if isinstance(article, dict) else "?"
         paragraphs = article.get("paragraphs") if isinstance(article, dict) else None
@@ -74,34 +104,96 @@ def load_squad(source: str | os.PathLike, *, training: bool, download_dir: Path 
             if not isinstance(qas, list):
                 raise DataError(f"{where}: missing 'qas' list.")
             for q, qa in enumerate(qas):
-                qid = qa.get("id") if isinstance(qa, dict) else None
-                if not isinstance(qid, str) or not qid:
+                if not isinstance(qa, dict) or not isinstance(qa.get("id"), str) or not qa["id"]:
                     raise DataError(f"{where} question {q}: missing 'id'.")
-                if qid in seen:
-                    raise DataError(f"{where} question id {qid}: duplicate question id; ids must be unique.")
-                seen.add(qid)
-                has_impossible |= "is_impossible" in qa
-                example = _question(qa, context, f"{where} question id {qid}", has_impossible)
-                if training and not example.is_impossible and not _answer_is_where_it_says(example):
-                    skipped.append(qid)
-                    continue
-                examples.append(example)
+                yield where, title if isinstance(title, str) else "?", context, qa
+
+
+def _flat_questions(records: Iterable[flat_squad.FlatRecord]) -> Iterator[Question]:
+    for item in records:
+        title, context, qa = flat_squad.as_question(item)
+        yield item.place, title, context, qa
+
+
+def _checked(
+    path: Path, questions: Iterable[Question], digest: str, training: bool, *, flat: bool
+) -> SquadSet:
+    """The checks every format shares: ids present and unique, contexts and questions non-empty,
+    answers inside their context; v2.0 where a question can have no answer."""
+    examples: list[Example] = []
+    skipped: list[str] = []
+    seen: set[str] = set()
+    has_impossible = flat  # flat records mark an unanswerable question by empty answers
+    for where, title, context, qa in questions:
+        if not isinstance(context, str) or not context.strip():
+            raise DataError(f"{where}: missing or empty 'context'.")
+        qid = qa.get("id") if isinstance(qa, dict) else None
+        if not isinstance(qid, str) or not qid:
+            raise DataError(f"{where}: missing 'id'.")
+        if qid in seen:
+            raise DataError(f"{where} question id {qid}: duplicate question id; ids must be unique.")
+        seen.add(qid)
+        has_impossible |= "is_impossible" in qa
+        example = _question(qa, context, f"{where} question id {qid}", has_impossible)
+        example.title = title
+        if training and not example.is_impossible and not _answer_is_where_it_says(example):
+            skipped.append(qid)
+            continue
+        examples.append(example)
     if not examples:
         raise DataError(f"{path}: no questions found.")
-    version = "2.0" if has_impossible or str(doc.get("version", "")).startswith("v2") else "1.1"
-    return SquadSet(path, version, examples, digest, skipped)
+    v2 = any(ex.is_impossible for ex in examples) if flat else has_impossible
+    return SquadSet(path, "2.0" if v2 else "1.1", examples, digest, skipped)
 
 
-def _read_json(path: Path, raw: bytes) -> dict[str, Any]:
-    """The file's JSON document, with a clear error for empty, non-UTF-8 or truncated files."""
+def first_examples(squad: SquadSet, limit: int | None) -> SquadSet:
+    """The first `limit` questions (data.max_train_examples / max_eval_examples), with a digest
+    of their own so that a subset never shares a feature cache with the whole file."""
+    if limit is None or limit >= len(squad.examples):
+        return squad
+    digest = hashlib.sha256(f"{squad.sha256}:first:{limit}".encode()).hexdigest()
+    return SquadSet(squad.path, squad.version, squad.examples[:limit], digest, squad.skipped)
+
+
+def write_squad(squad: SquadSet, out: Path) -> None:
+    """Write `squad` as SQuAD's nested JSON (`.json`), JSON Lines (`.jsonl`) or Parquet
+    (`.parquet`), whole or not at all. Consecutive questions on one context share a paragraph,
+    consecutive paragraphs with one title an article, so a file converted there and back is the
+    same questions in the same order."""
+    if out.suffix in (".jsonl", ".parquet"):
+        flat_squad.write_flat(squad.examples, out)
+        return
+    if out.suffix != ".json":
+        raise DataError(f"{out}: write .json (SQuAD's nested form), .jsonl or .parquet.")
+    articles: list[dict[str, Any]] = []
+    for ex in squad.examples:
+        if not articles or articles[-1]["title"] != ex.title:
+            articles.append({"title": ex.title, "paragraphs": []})
+        paragraphs = articles[-1]["paragraphs"]
+        if not paragraphs or paragraphs[-1]["context"] != ex.context:
+            paragraphs.append({"context": ex.context, "qas": []})
+        qa: dict[str, Any] = {"id": ex.id, "question": ex.question, "answers": ex.answers}
+        if squad.version == "2.0":
+            qa["is_impossible"] = ex.is_impossible
+        paragraphs[-1]["qas"].append(qa)
+    version = "v2.0" if squad.version == "2.0" else "1.1"
+    write_text_atomic(out, json.dumps({"version": version, "data": articles}, ensure_ascii=False))
+
+
+def _text(path: Path, raw: bytes) -> str:
+    """The file as text, with a clear error for empty or non-UTF-8 files."""
     if not raw.strip():
         raise DataError(f"{path}: file is empty; expected SQuAD JSON with a 'data' list.")
     try:
-        text = raw.decode("utf-8")
+        return raw.decode("utf-8")
     except UnicodeDecodeError as err:
         raise DataError(
             f"{path}: not UTF-8 (bad byte at offset {err.start}); SQuAD files are UTF-8 JSON."
         ) from None
+
+
+def _read_json(path: Path, text: str) -> Any:
+    """The file's JSON document, with a clear error for truncated or unreadable JSON."""
     try:
         doc = json.loads(text)
     except RecursionError:
@@ -112,8 +204,6 @@ def _read_json(path: Path, raw: bytes) -> dict[str, Any]:
         ) from None
     except ValueError as err:  # e.g. an integer of thousands of digits
         raise DataError(f"{path}: unreadable JSON value ({str(err)[:200]}).") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("data"), list):
-        raise DataError(f"{path}: no top-level 'data' list; is this a SQuAD file?")
     return doc
 
 
@@ -200,7 +290,8 @@ def resolve_source(source: str | os.PathLike, download_dir: Path | None = None) 
         path = Path(text).expanduser()
         if not path.is_file():
             raise DataError(
-                f"{path}: no such file. Give a SQuAD JSON path or one of the official URLs "
+                f"{path}: no such file. Give a SQuAD JSON, JSON Lines or Parquet path, "
+                "datasets:NAME_OR_DIR:SPLIT, or one of the official URLs "
                 f"({OFFICIAL_BASE_URL}train-v1.1.json, ...)."
             )
         return path
@@ -210,7 +301,8 @@ def resolve_source(source: str | os.PathLike, download_dir: Path | None = None) 
     if expected is None and text.startswith("http://"):
         logging.getLogger("squad").warning(
             "%s: plain http with no pinned SHA-256: anyone on the network path can change what is "
-            "trained on. Prefer https, or copy the file here and give its path.", text
+            "trained on. Prefer https, or copy the file here and give its path.",
+            text,
         )
     if dest.is_file() and not os.access(dest.parent, os.W_OK):
         return _cached(text, dest, expected)  # a read-only download dir: no lock; load_squad checks bytes

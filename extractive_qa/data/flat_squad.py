@@ -1,0 +1,205 @@
+"""The flat `squad` schema: one record per question, as Hugging Face `datasets` and most shared QA
+sets store it -- `id, title, context, question, answers{text[], answer_start[]}`, an unanswerable
+(v2.0) question having empty answer lists. Read from JSON Lines, a JSON array, Parquet (with
+`pyarrow`) or a `datasets` name or saved directory (with `datasets`); written as JSON Lines or
+Parquet.
+
+This module only turns those containers into plain records with a place for error messages
+(file + line or row); squad_files checks each record exactly as it checks SQuAD's nested JSON.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from extractive_qa.errors import DataError
+from extractive_qa.files import write_bytes_atomic, write_text_atomic
+
+PARQUET_MAGIC = b"PAR1"
+DATASETS_PREFIX = "datasets:"
+FIELDS = ("id", "title", "context", "question", "answers")
+INSTALL_DATA = "pip install -r requirements-data.txt"
+
+
+class FlatRecord:
+    """One question of a flat file: the record and where it is (for error messages)."""
+
+    __slots__ = ("place", "record")
+
+    def __init__(self, place: str, record: Any):
+        self.place = place
+        self.record = record
+
+
+def is_flat_json(text: str) -> bool:
+    """A JSON text holding flat records rather than SQuAD's {"data": [...]} document: a JSON array,
+    or JSON Lines of two or more lines whose first line alone is a flat record. (A one-line file
+    is parsed whole first; `is_flat_record` tells a single record from a SQuAD document.)"""
+    head = text.lstrip()
+    if head.startswith("["):
+        return True
+    first, _, rest = head.partition("\n")
+    if not rest.strip():
+        return False
+    try:
+        return is_flat_record(json.loads(first))
+    except (ValueError, RecursionError):
+        return False
+
+
+def is_flat_record(obj: Any) -> bool:
+    return isinstance(obj, dict) and "data" not in obj and any(k in obj for k in FIELDS)
+
+
+def json_records(path: Path, text: str) -> Iterator[FlatRecord]:
+    """The records of a JSON Lines file (blank lines skipped) or of a JSON array."""
+    if text.lstrip().startswith("["):
+        try:
+            records = json.loads(text)
+        except (ValueError, RecursionError) as err:
+            reason = str(err)[:200]
+            raise DataError(f"{path}: invalid or truncated JSON array of records ({reason}).") from None
+        for i, record in enumerate(records):
+            yield FlatRecord(f"{path}: record {i}", record)
+        return
+    for number, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except (ValueError, RecursionError) as err:
+            raise DataError(
+                f"{path}: line {number} is not one JSON object ({str(err)[:200]}); JSON Lines holds "
+                "one question record per line."
+            ) from None
+        yield FlatRecord(f"{path}: line {number}", record)
+
+
+def parquet_records(path: Path, raw: bytes) -> Iterator[FlatRecord]:
+    """The rows of a Parquet file in the flat schema (needs pyarrow), read from `raw`, the bytes
+    already read (and digested) by the caller."""
+    pq = _pyarrow_parquet(f"{path} is Parquet")
+    import pyarrow as pa
+
+    try:
+        table = pq.read_table(pa.BufferReader(raw))
+    except Exception as err:  # pyarrow raises its own error kinds for damaged files
+        raise DataError(f"{path}: unreadable Parquet ({str(err).splitlines()[0][:200]}).") from None
+    missing = [name for name in FIELDS if name != "title" and name not in table.column_names]
+    if missing:
+        raise DataError(
+            f"{path}: Parquet columns {table.column_names} lack {missing}; the flat squad schema "
+            f"has columns {list(FIELDS)}."
+        )
+    for row, record in enumerate(table.to_pylist()):
+        yield FlatRecord(f"{path}: row {row}", record)
+
+
+def datasets_records(source: str) -> tuple[list[FlatRecord], str]:
+    """`datasets:NAME_OR_DIR:SPLIT` -> its records and a digest of their content. NAME_OR_DIR is a
+    directory written by `save_to_disk`, a local directory of data files, or a hub name (which
+    needs the network, as `datasets` does)."""
+    spec = source[len(DATASETS_PREFIX) :]
+    name, _, split = spec.rpartition(":")
+    if not name or not split:
+        raise DataError(
+            f"{source}: expected datasets:NAME_OR_DIR:SPLIT (e.g. datasets:rajpurkar/squad:train or "
+            "datasets:/data/my_qa:validation)."
+        )
+    try:
+        import datasets
+    except ImportError:
+        raise DataError(f"{source}: needs the datasets package ({INSTALL_DATA}).") from None
+    try:
+        if (Path(name) / "dataset_dict.json").is_file() or (Path(name) / "dataset_info.json").is_file():
+            loaded = datasets.load_from_disk(name)
+            dataset = loaded[split] if isinstance(loaded, datasets.DatasetDict) else loaded
+        else:
+            dataset = datasets.load_dataset(name, split=split)
+    except KeyError:
+        raise DataError(f"{source}: the dataset has no split {split!r}.") from None
+    except Exception as err:  # datasets raises many kinds (not found, offline, bad split)
+        reason = str(err).splitlines()[0][:300] if str(err) else type(err).__name__
+        raise DataError(f"{source}: cannot load it with datasets ({reason}).") from None
+    rows = dataset.to_list()
+    digest = hashlib.sha256(json.dumps(rows, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+    return [FlatRecord(f"{source}: row {i}", row) for i, row in enumerate(rows)], digest
+
+
+def as_question(item: FlatRecord) -> tuple[str, str, dict[str, Any]]:
+    """A flat record -> (title, context, question dict in SQuAD's nested form), so the nested
+    format's checks apply unchanged. Shape errors name the record and the field."""
+    record, place = item.record, item.place
+    if not isinstance(record, dict):
+        kind = type(record).__name__
+        raise DataError(f"{place}: expected an object with fields {list(FIELDS)}, got {kind}.")
+    missing = [name for name in FIELDS if name != "title" and name not in record]
+    if missing:
+        raise DataError(f"{place}: missing field(s) {missing}; the flat squad schema has {list(FIELDS)}.")
+    answers = record["answers"]
+    texts = answers.get("text") if isinstance(answers, dict) else None
+    starts = answers.get("answer_start") if isinstance(answers, dict) else None
+    if not isinstance(texts, list) or not isinstance(starts, list):
+        raise DataError(
+            f'{place}: field \'answers\' must be {{"text": [...], "answer_start": [...]}} (empty lists '
+            "for an unanswerable question)."
+        )
+    if len(texts) != len(starts):
+        raise DataError(
+            f"{place}: field 'answers' has {len(texts)} text(s) but {len(starts)} answer_start(s)."
+        )
+    title = record.get("title")
+    qa = {
+        "id": record["id"],
+        "question": record["question"],
+        "answers": [{"text": t, "answer_start": s} for t, s in zip(texts, starts, strict=True)],
+    }
+    return (title if isinstance(title, str) else ""), record["context"], qa
+
+
+# --------------------------------------------------------------------------------------------
+# Writing: JSON Lines or Parquet, atomically.
+# --------------------------------------------------------------------------------------------
+
+
+def flat_record(example: Any) -> dict[str, Any]:
+    """One checked example (squad_files.Example) as a flat-schema record."""
+    return {
+        "id": example.id,
+        "title": example.title,
+        "context": example.context,
+        "question": example.question,
+        "answers": {
+            "text": [a["text"] for a in example.answers],
+            "answer_start": [a["answer_start"] for a in example.answers],
+        },
+    }
+
+
+def write_flat(examples: Sequence[Any], out: Path) -> None:
+    """Write examples as JSON Lines (`.jsonl`) or Parquet (`.parquet`), whole or not at all."""
+    records = [flat_record(ex) for ex in examples]
+    if out.suffix != ".parquet":
+        write_text_atomic(out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+        return
+    pq = _pyarrow_parquet(f"writing {out}")
+    import pyarrow as pa
+
+    answers = pa.struct([("text", pa.list_(pa.string())), ("answer_start", pa.list_(pa.int32()))])
+    schema = pa.schema([("id", pa.string()), ("title", pa.string()), ("context", pa.string()),
+                        ("question", pa.string()), ("answers", answers)])  # fmt: skip
+    sink = pa.BufferOutputStream()
+    pq.write_table(pa.Table.from_pylist(records, schema=schema), sink)
+    write_bytes_atomic(out, sink.getvalue().to_pybytes())
+
+
+def _pyarrow_parquet(what: str) -> Any:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise DataError(f"{what}: Parquet needs the pyarrow package ({INSTALL_DATA}).") from None
+    return pq
