@@ -29,7 +29,7 @@ from extractive_qa.data.batching import (
     training_batches,
 )
 from extractive_qa.errors import ConfigError
-from extractive_qa.qa import outputs, qa_settings, squad_metric
+from extractive_qa.qa import model_card, outputs, qa_settings, squad_metric
 from extractive_qa.trial import model_io, perf_metrics
 from extractive_qa.trial.callbacks import CheckpointRecord, HFExport, RankRandomState, RunLog, SearcherStop
 from extractive_qa.trial.evaluation import SquadEvaluator
@@ -62,9 +62,7 @@ class SquadTrial(pytorch.PyTorchTrial):
             precision=self.precision,
         )
         if self.precision == "fp16" and context.device.type != "cuda":
-            raise ConfigError(
-                "hyperparameters.precision: fp16 needs a CUDA GPU (use bf16 or fp32 on CPU)."
-            )
+            raise ConfigError("hyperparameters.precision: fp16 needs a CUDA GPU (use bf16 or fp32 on CPU).")
         self.load_data()
         self.latest_outputs: Any = None  # writes the latest validation's outputs (save_predictions)
         model = self.build_model()
@@ -269,9 +267,20 @@ class SquadTrial(pytorch.PyTorchTrial):
             self.latest_outputs = lambda out_dir: outputs.write_outputs(out_dir, examples, answers, nbest)
         return metrics
 
+    def model_card(self) -> str:
+        """hf/README.md of the checkpoint being written: the run's settings, data and latest scores."""
+        log = self.run_log
+        facts = model_card.facts_from_run(
+            self.plan, self.experiment_name, self.train_set, self.val_set, self.precision,
+            log.steps_completed, log.validation, log.validation_steps,
+        )  # fmt: skip
+        return model_card.render(facts)
+
     def build_callbacks(self) -> dict[str, pytorch.PyTorchCallback]:
         callbacks: dict[str, pytorch.PyTorchCallback] = {
-            "hf_export": HFExport(self.model, self.tokenizer, lambda: self.qa, lambda: self.latest_outputs),
+            "hf_export": HFExport(
+                self.model, self.tokenizer, lambda: self.qa, self.model_card, lambda: self.latest_outputs
+            ),
             "run_log": self.run_log,
             "rank_random_state": self.rank_random_state,
             "checkpoint_record": CheckpointRecord(

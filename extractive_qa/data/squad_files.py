@@ -41,8 +41,13 @@ class SquadSet:
     path: Path
     version: str  # "1.1" or "2.0"
     examples: list[Example]
-    sha256: str
+    sha256: str  # identifies these examples: the file's digest, or a subset's own (first_examples)
     skipped: list[str] = field(default_factory=list)  # training ids whose answer is not found
+    file_sha256: str = ""  # the whole file's digest (= sha256 unless this is a subset)
+    first: int | None = None  # a subset: the file's first `first` questions
+
+    def __post_init__(self) -> None:
+        self.file_sha256 = self.file_sha256 or self.sha256
 
 
 def load_squad(source: str | os.PathLike, *, training: bool, download_dir: Path | None = None) -> SquadSet:
@@ -152,7 +157,8 @@ def first_examples(squad: SquadSet, limit: int | None) -> SquadSet:
     if limit is None or limit >= len(squad.examples):
         return squad
     digest = hashlib.sha256(f"{squad.sha256}:first:{limit}".encode()).hexdigest()
-    return SquadSet(squad.path, squad.version, squad.examples[:limit], digest, squad.skipped)
+    examples = squad.examples[:limit]
+    return SquadSet(squad.path, squad.version, examples, digest, squad.skipped, squad.sha256, limit)
 
 
 def write_squad(squad: SquadSet, out: Path) -> None:

@@ -159,21 +159,23 @@ class MetricSeries(pytorch.PyTorchCallback):
 
 
 class HFExport(pytorch.PyTorchCallback):
-    """Every checkpoint also holds hf/: save_pretrained model + tokenizer + QA settings."""
+    """Every checkpoint also holds hf/: save_pretrained model + tokenizer + QA settings + model card."""
 
     def __init__(
         self,
         model: torch.nn.Module,
         tokenizer: Any,
         settings: Callable[[], qa_settings.QASettings],
+        card: Callable[[], str],
         predictions: Callable[[], Callable[[Path], Any] | None] = lambda: None,
     ) -> None:
-        # Getters: the settings carry the latest validation's tuned threshold, and the latest
-        # validation's outputs (data.save_predictions) change with every validation.
-        self.model, self.tokenizer, self.settings, self.predictions = model, tokenizer, settings, predictions
+        # Getters: the settings carry the latest validation's tuned threshold, the card its
+        # scores, and the latest validation's outputs (data.save_predictions) change with each.
+        self.model, self.tokenizer, self.settings, self.card = model, tokenizer, settings, card
+        self.predictions = predictions
 
     def on_checkpoint_write_end(self, checkpoint_dir: str) -> None:
-        model_io.export_hf(self.model, self.tokenizer, self.settings(), Path(checkpoint_dir))
+        model_io.export_hf(self.model, self.tokenizer, self.settings(), Path(checkpoint_dir), self.card())
         write = self.predictions()
         if write is not None:
             write(Path(checkpoint_dir) / "predictions")
@@ -211,7 +213,7 @@ class LocalRetention(pytorch.PyTorchCallback):
         value = self.run_log.validation.get(self.metric)
         validated_here = self.run_log.validation_steps == self.run_log.steps_completed
         self.written.append((path, float(value) if value is not None and validated_here else None))
-        keep = {p for p, _ in self.written[-self.latest:]}
+        keep = {p for p, _ in self.written[-self.latest :]}
         scored = sorted((self.sign * v, i) for i, (_, v) in enumerate(self.written) if v is not None)
         keep |= {self.written[i][0] for _, i in scored[: self.best]}
         for old, _ in self.written:

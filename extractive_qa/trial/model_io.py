@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from extractive_qa.files import write_text_atomic
 from extractive_qa.qa.qa_settings import QASettings
 
 # --------------------------------------------------------------------------------------------
@@ -111,12 +112,21 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
 # --------------------------------------------------------------------------------------------
 
 
-def export_hf(model: torch.nn.Module, tokenizer: Any, settings: QASettings, checkpoint_dir: Path) -> Path:
-    """checkpoint_dir/hf: save_pretrained model + tokenizer + QA settings, loadable anywhere."""
+def export_hf(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    settings: QASettings,
+    checkpoint_dir: Path,
+    card: str | None = None,
+) -> Path:
+    """checkpoint_dir/hf: save_pretrained model + tokenizer + QA settings (+ the model card,
+    README.md), loadable anywhere."""
     hf = checkpoint_dir / "hf"
     unwrap(model).save_pretrained(hf, safe_serialization=True)
     tokenizer.save_pretrained(hf)
     settings.save(hf)
+    if card is not None:
+        write_text_atomic(hf / "README.md", card)
     return hf
 
 
