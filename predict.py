@@ -20,7 +20,7 @@ import os
 import re
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +34,7 @@ from extractive_qa.qa import outputs, qa_settings
 from extractive_qa.qa.answers import Answers
 from extractive_qa.trial import model_io
 
+Logits = tuple[np.ndarray, np.ndarray]
 UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
 
@@ -67,14 +68,14 @@ def download_checkpoint(uuid: str) -> Path:
         target = Path(tempfile.mkdtemp(prefix=f"ckpt-{uuid[:8]}-"))
         client.get_checkpoint(uuid).download(str(target))
     except Exception as err:  # the SDK raises many kinds; all mean "could not fetch"
-        raise DataError(
-            f"--checkpoint {uuid}: cannot download from {master} ({err})."
-        ) from None
+        raise DataError(f"--checkpoint {uuid}: cannot download from {master} ({err}).") from None
     return target
 
 
 class Predictor:
-    """A checkpoint's model with evaluation's windowing, batching, arithmetic and extraction."""
+    """A checkpoint's model with evaluation's windowing, batching, arithmetic and extraction. The
+    model runs in PyTorch (`runtime="torch"`) or, from a directory export.py wrote, in ONNX
+    Runtime (`onnx`: fp32, `onnx-int8`: int8 weights); windowing and extraction are the same."""
 
     def __init__(
         self,
@@ -82,11 +83,10 @@ class Predictor:
         device: str | None = None,
         batch_size: int | None = None,
         precision: str | None = None,
+        runtime: str = "torch",
     ):
-        import torch
-        from transformers import AutoModelForQuestionAnswering
-
         hf = find_hf_dir(checkpoint)
+        self.hf, self.runtime = hf, runtime
         self.settings = qa_settings.QASettings.load(hf)
         if not (hf / "tokenizer.json").is_file():  # without it transformers builds a stand-in
             raise DataError(
@@ -94,6 +94,40 @@ class Predictor:
                 "writes it); the checkpoint is incomplete: copy it again."
             )
         self.tokenizer = load_tokenizer(str(hf))
+        self.spec = self.settings.window_spec
+        self.batch_size = batch_size or self.settings.eval_batch_size
+        self.null_threshold: float | None = None
+        if runtime == "torch":
+            self.forward = self._torch_model(checkpoint, hf, device, precision)
+        else:
+            self.forward = self._onnx_model(hf, device, precision)
+
+    def _onnx_model(self, hf: Path, device: str | None, precision: str | None) -> Callable[[dict], Logits]:
+        from extractive_qa.export import onnx_model
+
+        path = hf / onnx_model.RUNTIME_FILES[self.runtime]
+        if not path.is_file():
+            raise DataError(
+                f"--runtime {self.runtime}: {hf} has no {path.name}; write it with "
+                "`python3 export.py --checkpoint CHECKPOINT --out DIR` and pass --checkpoint DIR."
+            )
+        if device not in (None, "cpu"):
+            raise DataError(f"--runtime {self.runtime} runs on the CPU (ONNX Runtime's CPU provider).")
+        if precision not in (None, "auto", "fp32"):
+            raise DataError(
+                f"--precision {precision}: the ONNX models compute in fp32 ({onnx_model.ONNX_FILE}) or "
+                f"with int8 weights ({onnx_model.INT8_FILE}); use --runtime torch for {precision}."
+            )
+        onnx_model.require_onnx(f"--runtime {self.runtime}")
+        self.device, self.precision = "cpu", "fp32"
+        return onnx_model.OnnxLogits(path)
+
+    def _torch_model(
+        self, checkpoint: str, hf: Path, device: str | None, precision: str | None
+    ) -> Callable[[dict], Logits]:
+        import torch
+        from transformers import AutoModelForQuestionAnswering
+
         try:
             self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         except RuntimeError:
@@ -113,6 +147,11 @@ class Predictor:
             self.precision = "fp32"
         if self.device.type == "cuda":
             model_io.configure_cuda_math(self.settings.tf32)
+        if (hf / "model.onnx").is_file() and not any(hf.glob("*.safetensors")) and not any(hf.glob("*.bin")):
+            raise DataError(
+                f"--checkpoint {checkpoint}: an ONNX export (no PyTorch weights); answer with "
+                "--runtime onnx or --runtime onnx-int8."
+            )
         try:
             model = AutoModelForQuestionAnswering.from_pretrained(hf)
         except Exception as err:  # truncated or foreign weights: name the files, not a traceback
@@ -130,31 +169,28 @@ class Predictor:
         if self.precision in model_io.AUTOCAST_DTYPES:
             model_io.fp32_logits(model)
         self.model = model.to(self.device).eval()
-        self.spec = self.settings.window_spec
-        self.batch_size = batch_size or self.settings.eval_batch_size
-        self.null_threshold: float | None = None
+        accepted = forward_params(self.model)
+
+        def forward(batch: dict) -> Logits:
+            inputs = model_inputs(batch, accepted)
+            with torch.inference_mode(), model_io.autocast(self.device.type, self.precision):
+                out = self.model(**{k: v.to(self.device) for k, v in inputs.items()})
+            return out.start_logits.float().cpu().numpy(), out.end_logits.float().cpu().numpy()
+
+        return forward
+
+    def batches(self, features: Features) -> Iterator[dict]:
+        """The windows in evaluation's batches (sorted by length, padded as it padded)."""
+        sampler, collate = evaluation_batches(features, self.batch_size, self.settings.pad_to_multiple_of)
+        for indices in sampler.batches(0):
+            yield collate(indices.tolist())
 
     def logits(self, features: Features) -> tuple[np.ndarray, np.ndarray]:
         """Start/end logits of every window, batched exactly like the trial's evaluation."""
-        import torch
-
-        sampler, collate = evaluation_batches(
-            features, self.batch_size, self.settings.pad_to_multiple_of
-        )
-        accepted = forward_params(self.model)
         parts = []
-        with torch.inference_mode(), model_io.autocast(self.device.type, self.precision):
-            for indices in sampler.batches(0):
-                batch = collate(indices.tolist())
-                inputs = model_inputs(batch, accepted)
-                out = self.model(**{k: v.to(self.device) for k, v in inputs.items()})
-                parts.append(
-                    (
-                        batch["feature_index"].numpy(),
-                        out.start_logits.float().cpu().numpy(),
-                        out.end_logits.float().cpu().numpy(),
-                    )
-                )
+        for batch in self.batches(features):
+            start, end = self.forward(batch)
+            parts.append((batch["feature_index"].numpy(), start, end))
         return assemble_logits(parts, features)
 
     def answer(self, examples: Sequence[squad_files.Example]) -> Answers:
@@ -214,11 +250,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--null-threshold",
         metavar="tuned|NUMBER",
-        help="v2.0: answer \"\" where the null score beats the best span's by more than this; `tuned` "
+        help='v2.0: answer "" where the null score beats the best span\'s by more than this; `tuned` '
         "is the checkpoint's best_f1 threshold (default: the run's data.null_score_diff_threshold)",
     )
     parser.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--batch-size", type=int)
+    parser.add_argument(
+        "--runtime",
+        choices=["torch", "onnx", "onnx-int8"],
+        default="torch",
+        help="torch (default), or ONNX Runtime on the CPU with the model.onnx / model-int8.onnx that "
+        "export.py wrote (pass its output directory as --checkpoint; needs requirements-export.txt)",
+    )
     parser.add_argument(
         "--precision",
         choices=["auto", "fp32", "bf16", "fp16"],
@@ -247,7 +290,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.out_dir:
             written |= {f"--out-dir ({name})": args.out_dir / name for name in outputs.OUTPUT_FILES}
         check_not_an_input(written, {"--squad": Path(args.squad) if args.squad else None})
-        predictor = Predictor(args.checkpoint, args.device, args.batch_size, args.precision)
+        predictor = Predictor(args.checkpoint, args.device, args.batch_size, args.precision, args.runtime)
         predictor.null_threshold_from(args.null_threshold)
         if single:
             example = squad_files.Example("question", args.question, args.context, [])

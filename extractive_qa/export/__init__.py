@@ -1,0 +1,1 @@
+"""A trained model out of the trial, for serving: onnx_model."""

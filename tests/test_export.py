@@ -1,0 +1,128 @@
+"""export.py and predict.py --runtime onnx: a checkpoint of each tested family exports to ONNX
+whose logits equal PyTorch's on real windows (shapes it was not exported with included), answers
+the dev excerpt as the PyTorch path does, exports twice to the same files, and bad requests are
+refused before any work."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import export
+import predict
+from extractive_qa.data import squad_files
+from extractive_qa.errors import DataError
+from extractive_qa.export import onnx_model
+from tests.support.families import build
+from tests.support.project import DEV_V1, DEV_V2, ROOT, run_cli, run_train, tiny_config, write_yaml
+
+EXPORT_FAMILIES = ("bert", "distilbert", "roberta", "deberta-v2")
+
+
+def _checkpoint(model: Path, tmp: Path) -> Path:
+    config = write_yaml(tiny_config(model, tmp), tmp / "exp.yaml")
+    code, result, err = run_train(
+        ["--config", str(config), "--checkpoint-dir", str(tmp / "ck"), "--batches", "3"]
+    )
+    assert code == 0, err[-2000:]
+    return Path(result["checkpoint"])
+
+
+def _scores(checkpoint: Path, runtime: str, tmp: Path) -> dict:
+    preds = tmp / f"preds-{runtime}.json"
+    run_cli(["predict.py", "--checkpoint", str(checkpoint), "--runtime", runtime, "--squad", str(DEV_V1),
+             "--out", str(preds)])  # fmt: skip
+    return run_cli(["-m", "extractive_qa.qa.squad_metric", str(DEV_V1), str(preds)])
+
+
+def _agreement(first: Path, second: Path) -> float:
+    a, b = json.loads(first.read_text()), json.loads(second.read_text())
+    assert a.keys() == b.keys()
+    return sum(a[k] == b[k] for k in a) / len(a)
+
+
+@pytest.mark.parametrize("family", EXPORT_FAMILIES)
+def test_export_matches_pytorch_and_answers_alike(family: str, tmp_path: Path) -> None:
+    checkpoint = _checkpoint(build(family, tmp_path / family), tmp_path)
+    out = tmp_path / "export"
+    result = export.export(str(checkpoint), out, None, 64, int8=True)
+    assert result["onnx_max_abs_logit_difference"] <= onnx_model.FP32_TOLERANCE
+    assert {"model.onnx", "model-int8.onnx", "tokenizer.json", "qa_settings.json", "README.md"} <= set(
+        result["files"]
+    )
+    assert not (out / "model.safetensors").exists()
+    # Windows of another file, in evaluation's batches: other batch sizes and widths than the export's.
+    reference = predict.Predictor(str(checkpoint), "cpu", precision="fp32")
+    examples = squad_files.load_squad(DEV_V2, training=False).examples[:40]
+    batches = list(reference.batches(reference.features(examples)))
+    assert len({tuple(b["input_ids"].shape) for b in batches}) > 1
+    onnx = onnx_model.OnnxLogits(out / "model.onnx")
+    assert onnx_model.max_logit_difference(batches, reference.forward, onnx) <= onnx_model.FP32_TOLERANCE
+    torch_scores, onnx_scores = _scores(checkpoint, "torch", tmp_path), _scores(out, "onnx", tmp_path)
+    # A 1e-7 logit difference can flip a near-tie between two spans (random-init weights make
+    # many): at most 1 % of the answers may differ, and F1 by at most 0.25 points.
+    same = _agreement(tmp_path / "preds-torch.json", tmp_path / "preds-onnx.json")
+    assert same >= 0.99 and abs(onnx_scores["f1"] - torch_scores["f1"]) <= 0.25, (family, same)
+    int8 = _scores(out, "onnx-int8", tmp_path)
+    assert abs(int8["f1"] - torch_scores["f1"]) < 25  # random-init weights; the real figures: docs/results.md
+
+
+def test_export_twice_gives_the_same_files(trained: tuple[Path, dict], tmp_path: Path) -> None:
+    checkpoint, _ = trained
+    first, second = tmp_path / "a", tmp_path / "b"
+    export.export(str(checkpoint), first, None, 16, int8=True)
+    export.export(str(checkpoint), second, None, 16, int8=True)
+    names = sorted(p.name for p in first.iterdir())
+    assert names == sorted(p.name for p in second.iterdir())
+    for name in names:
+        assert (first / name).read_bytes() == (second / name).read_bytes(), name
+    card = (first / "README.md").read_text()
+    assert card == (checkpoint / "hf" / "README.md").read_text()  # the run's own card travels
+
+
+def test_export_refusals(trained: tuple[Path, dict], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    checkpoint, _ = trained
+    with pytest.raises(DataError, match="is inside the checkpoint"):
+        export.export(str(checkpoint), checkpoint / "hf" / "onnx", None, 16, int8=False)
+    with pytest.raises(DataError, match="has no model.onnx; write it with `python3 export.py"):
+        predict.Predictor(str(checkpoint), runtime="onnx")
+    out = tmp_path / "x"
+    export.export(str(checkpoint), out, None, 16, int8=False)
+    with pytest.raises(DataError, match="has no model-int8.onnx"):
+        predict.Predictor(str(out), runtime="onnx-int8")
+    with pytest.raises(DataError, match="an ONNX export .no PyTorch weights.; answer with --runtime onnx"):
+        predict.Predictor(str(out))
+    with pytest.raises(DataError, match="--precision bf16: the ONNX models compute in fp32"):
+        predict.Predictor(str(out), precision="bf16", runtime="onnx")
+    (out / "model.onnx").write_bytes((out / "model.onnx").read_bytes()[:1000])
+    with pytest.raises(DataError, match="model.onnx: ONNX Runtime cannot load it"):
+        predict.Predictor(str(out), runtime="onnx")
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # the export extra not installed
+    with pytest.raises(
+        DataError, match=r"export.py needs onnxruntime \(pip install -r requirements-export.txt\)"
+    ):
+        export.export(str(checkpoint), tmp_path / "y", None, 16, int8=False)
+    assert not (tmp_path / "y").exists()
+
+
+def test_export_cli_prints_its_record(trained: tuple[Path, dict], tmp_path: Path) -> None:
+    checkpoint, _ = trained
+    result = run_cli(["export.py", "--checkpoint", str(checkpoint), "--out", str(tmp_path / "e"), "--no-int8",
+                      "--check-questions", "8"])  # fmt: skip
+    assert result["files"] == sorted(p.name for p in (tmp_path / "e").iterdir())
+    assert "model-int8.onnx" not in result["files"] and result["checked_on"].endswith("windows")
+    assert json.loads((tmp_path / "e" / "export.json").read_text())["opset"] == onnx_model.OPSET
+
+
+def test_the_trial_never_imports_the_export_extra() -> None:
+    code = "import sys, model_def, train, predict; print(sorted(m for m in sys.modules if m.split('.')[0] in "
+    code += "('onnx', 'onnxruntime', 'onnxscript', 'onnx_ir')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert out.stdout.strip() == "[]"
+    cluster = (ROOT / "requirements-cluster.txt").read_text() + (ROOT / "startup-hook.sh").read_text()
+    assert "onnx" not in cluster and np.isfinite(onnx_model.FP32_TOLERANCE)
