@@ -55,7 +55,7 @@ def export(checkpoint: str, out: Path, squad: str | None, questions: int, int8: 
                 shutil.copyfile(item, staging / item.name)
                 shared_mode(staging / item.name)
         numpy_sample = {k: v.numpy() for k, v in sample.items() if k != "feature_index"}
-        onnx_model.export_onnx(reference.model, numpy_sample, staging / onnx_model.ONNX_FILE)
+        onnx_model.export_onnx(onnx_model.model_to_export(hf), numpy_sample, staging / onnx_model.ONNX_FILE)
         fp32 = onnx_model.OnnxLogits(staging / onnx_model.ONNX_FILE)
         windows = sum(len(b["input_ids"]) for b in batches)
         record = {"checked_on": f"{Path(source).name}: first {len(examples)} questions, {windows} windows",

@@ -13,6 +13,13 @@ Two parts, one run:
 
     python3 -m bench.inference [--checkpoint DIR] [--questions 810] [--single 60] [--json FILE]
     python3 -m bench.inference --device cuda --shapes-only          # on a GPU
+
+3. With --runtimes (bench/runtimes.py), instead: the CPU serving runtimes side by side -- PyTorch
+   fp32 / bf16, ONNX Runtime fp32 / int8 -- for the checkpoint (EM/F1 per row) and a random-init
+   BERT-base (speed only, --bert-base-questions of them):
+
+    python3 -m bench.inference --runtimes --checkpoint DIR [--questions 810] [--single 60] \
+        [--call-questions 32] [--bert-base-questions 100] [--json FILE]
 """
 
 from __future__ import annotations
@@ -172,10 +179,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--shapes-only", action="store_true")
     parser.add_argument("--no-shapes", action="store_true")
     parser.add_argument("--json", type=Path, help="write the numbers here")
+    parser.add_argument("--runtimes", action="store_true", help="compare the CPU serving runtimes instead")
+    parser.add_argument(
+        "--call-questions", type=int, default=32, help="--runtimes: questions per batched call"
+    )
+    parser.add_argument(
+        "--bert-base-questions", type=int, default=100, help="--runtimes: BERT-base's questions"
+    )
     args = parser.parse_args(argv)
     if args.questions < 1 or args.single < 0 or args.length < 8:
         parser.error("--questions >= 1, --single >= 0, --length >= 8")
+    if args.call_questions < 1 or args.bert_base_questions < 0:
+        parser.error("--call-questions >= 1, --bert-base-questions >= 0")
     args.device = torch.device(args.device)
+    if args.runtimes and args.device.type != "cpu":
+        parser.error("--runtimes compares the CPU runtimes: use --device cpu")
     if args.device.type == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device here")
     if "fp16" in (args.precisions or []) and args.device.type != "cuda":
@@ -214,6 +232,28 @@ def shape_models(predictor: predict.Predictor) -> dict[str, torch.nn.Module]:
     return {predictor.settings.pretrained_model: predictor.model, "bert-base": bert_base}
 
 
+def compare_runtimes(
+    args: argparse.Namespace, checkpoint: str, squad: Any, tmp: Path
+) -> list[dict[str, Any]]:
+    from bench import runtimes
+
+    available = runtimes.runtimes_here()
+    real = args.checkpoint is not None  # the embedded export's QA head is untrained: speed only
+    print(f"serving runtimes on the CPU ({', '.join(available)}), {Path(args.squad).name}:")
+    examples = squad.examples[: args.questions]
+    rows = runtimes.compare(
+        "checkpoint" if real else "embedded (untrained head)", checkpoint, real, examples, squad.version,
+        available, args.single, args.call_questions, tmp,
+    )  # fmt: skip
+    if args.bert_base_questions:
+        bert = str(runtimes.random_bert_base(tmp / "bert-base", ROOT / "const.yaml"))
+        rows += runtimes.compare(
+            "bert-base (random)", bert, False, squad.examples[: args.bert_base_questions], squad.version,
+            available, min(args.single, args.bert_base_questions), args.call_questions, tmp,
+        )  # fmt: skip
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     machine = machine_name(args.device)
@@ -229,10 +269,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {err}", file=sys.stderr)
             return 2
         result["model"] = predictor.settings.pretrained_model
-        if not args.shapes_only:
+        if args.runtimes:
+            result["runtimes"] = compare_runtimes(args, checkpoint, squad, Path(tmp))
+        elif not args.shapes_only:
             result["end_to_end"] = end_to_end(predictor, squad.examples[: args.questions], args.single)
             print_end_to_end(result["model"], args.squad, result["end_to_end"])
-        if not args.no_shapes:
+        if not args.no_shapes and not args.runtimes:
             print(
                 f"forward only, {args.length} tokens "
                 f"(NVIDIA, BERT-base on one V100: {NVIDIA_V100_SEQ_PER_S} seq/s):"

@@ -55,6 +55,26 @@ def test_inference_benchmark_runs_predicts_path_and_reports(trained, tmp_path: P
     }
 
 
+def test_inference_runtimes_compare_torch_and_onnx_with_scores(trained, tmp_path: Path) -> None:
+    ckpt, _ = trained
+    out_json = tmp_path / "runtimes.json"
+    args = ["--runtimes", "--checkpoint", str(ckpt), "--questions", "30", "--single", "4",
+            "--call-questions", "8", "--bert-base-questions", "0", "--json", str(out_json)]  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.inference", *args], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr
+    rows = {row["runtime"]: row for row in json.loads(out_json.read_text())["runtimes"]}
+    assert {"torch-fp32", "onnx", "onnx-int8"} <= set(rows)
+    for row in rows.values():
+        batched, single = row["batched"], row["single"]
+        assert batched["calls"] == 4 and single["calls"] == 4 and row["questions"] == 30
+        assert batched["ms_p50"] <= batched["ms_p90"] <= batched["ms_p99"] and single["questions_per_s"] > 0
+        assert 0 <= row["f1"] <= 100
+    assert rows["onnx"]["max_abs_logit_difference_vs_torch"] < 1e-3 and rows["onnx-int8"]["file_mb"] > 0
+    assert abs(rows["onnx"]["f1"] - rows["torch-fp32"]["f1"]) < 1e-6  # 30 questions: no near-tie flips
+
+
 def _bench(script: str, *args: str) -> str:
     done = subprocess.run(
         [sys.executable, "-m", f"bench.{script.removesuffix('.py')}", *args],

@@ -76,6 +76,19 @@ def _logits_only(model: Any, names: list[str]) -> Any:
     return LogitsOnly().eval()
 
 
+def model_to_export(hf: Path) -> Any:
+    """The checkpoint's model as the ONNX graph is traced from: fp32, eval mode, and attention as
+    explicit matrix products (`eager`) where the model has it -- ONNX Runtime runs that graph
+    faster than the exporter's decomposition of SDPA (docs/results.md, Inference)."""
+    from transformers import AutoModelForQuestionAnswering
+
+    try:
+        model = AutoModelForQuestionAnswering.from_pretrained(hf, attn_implementation="eager")
+    except (ValueError, ImportError):  # a model without the eager implementation
+        model = AutoModelForQuestionAnswering.from_pretrained(hf)
+    return model.float().eval()
+
+
 def export_onnx(model: Any, sample: Inputs, out: Path) -> None:
     """Write `model` (eval mode, fp32) to `out` as one self-contained ONNX file, batch and
     sequence dynamic. `sample` is a real batch of windows (at least 2 x 2: the exporter would fix
