@@ -266,6 +266,10 @@ def test_one_slot_trains_validates_and_checkpoints_like_a_cluster(tiny_bert: Pat
     from transformers import AutoModelForQuestionAnswering
 
     AutoModelForQuestionAnswering.from_pretrained(path / "hf")
+    # The model card the trial wrote holds the scores the master recorded.
+    front = yaml.safe_load((path / "hf" / "README.md").read_text().split("---\n")[1])
+    shown = {m["type"]: m["value"] for m in front["model-index"][0]["results"][0]["metrics"]}
+    assert shown == {"exact_match": val["metrics"]["exact_match"], "f1": val["metrics"]["f1"]}
     # The trial logs in Determined's format, so the WebUI's level filter reads it.
     assert re.search(r"\[rank=0\] INFO: \[\d+\] determined\.core: report_training_metrics", record.logs[0])
     # const.yaml turns the profiler on (reports come every 10 s: this run is shorter).
