@@ -2,13 +2,14 @@
 
     python3 predict.py --checkpoint DIR --question "Who won?" --context "..."
     python3 predict.py --checkpoint DIR --squad dev.json --out predictions.json
+    python3 predict.py --checkpoint EXPORT_DIR --runtime onnx --squad dev.json --out predictions.json
 
 DIR is a checkpoint directory written by train.py (or a cluster checkpoint), its hf/ folder, or a
-Determined checkpoint UUID when a master is reachable (DET_MASTER). Windowing, batching,
-precision and answer extraction are the ones evaluation uses (extractive_qa's features, batching
-and answers, and the run's hf/qa_settings.json), so `python3 -m extractive_qa.qa.squad_metric` on the
-written predictions reproduces the
-trial's validation EM/F1. The last stdout line is JSON.
+Determined checkpoint UUID when a master is reachable (DET_MASTER); with --runtime onnx or
+onnx-int8, a directory export.py wrote. Windowing, batching, precision and answer extraction are
+the ones evaluation uses (extractive_qa's features, batching and answers, and the run's
+hf/qa_settings.json), so `python3 -m extractive_qa.qa.squad_metric` on the written predictions
+reproduces the trial's validation EM/F1. The last stdout line is JSON.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,14 +26,12 @@ FIELDS = ("id", "title", "context", "question", "answers")
 INSTALL_DATA = "pip install -r requirements-data.txt"
 
 
+@dataclass(slots=True)
 class FlatRecord:
-    """One question of a flat file: the record and where it is (for error messages)."""
+    """One question of a flat file: where it is (for error messages) and the record."""
 
-    __slots__ = ("place", "record")
-
-    def __init__(self, place: str, record: Any):
-        self.place = place
-        self.record = record
+    place: str
+    record: Any
 
 
 def is_flat_json(text: str) -> bool:
