@@ -280,7 +280,9 @@ def test_one_slot_trains_validates_and_checkpoints_like_a_cluster(tiny_bert: Pat
 def test_the_upload_carries_the_bundled_data_local_yaml_reads() -> None:
     """`det experiment create local.yaml .` (or local_v2.yaml) uploads what .detignore lets through:
     those YAMLs' data files (relative paths, read from the context on a cluster) and no tests,
-    caches or benchmarks; small enough to upload in seconds."""
+    caches, benchmarks or the serving export the trial never imports; 2 MB at most (Determined
+    refuses contexts over 96 MB; checkpoints, caches or an export let through would be tens to
+    hundreds of MB)."""
     files = {f.path: f for f in det_master.context_files(ROOT)}
     wanted = {"squad_data/README.md"}  # the licence and attribution travel with the text
     for name in ("local.yaml", "local_v2.yaml"):
@@ -290,8 +292,9 @@ def test_the_upload_carries_the_bundled_data_local_yaml_reads() -> None:
             wanted.add(data[key])
     assert {p for p in files if p.startswith("squad_data/")} == wanted
     assert not {p.split("/")[0] for p in files} & {"tests", "bench", "docs", ".venv", ".cache", "runs"}
+    assert not {"export.py", "extractive_qa/export/onnx_model.py"} & set(files)
     size = sum(len(f.content) // 4 * 3 for f in files.values() if f.content)
-    assert size < 1_500_000, size
+    assert size < 2_000_000, size
 
 
 @needs_containers
