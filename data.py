@@ -39,7 +39,7 @@ from extractive_qa.data.squad_files import (
     write_squad,
 )
 from extractive_qa.errors import ConfigError, DataError
-from extractive_qa.files import check_not_an_input, check_output_file
+from extractive_qa.files import check_not_an_input, check_output_file, command_error
 
 logger = logging.getLogger("squad")
 
@@ -158,12 +158,8 @@ def convert(source: str, out: Path) -> int:
         check_not_an_input({"--out": out}, {"--convert": Path(source)})
         squad = load_squad(source, training=False)
         write_squad(squad, out)
-    except DataError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except OSError as err:
-        print(f"error: cannot write {err.filename or out}: {err.strerror or err}.", file=sys.stderr)
-        return 2
+    except (DataError, OSError) as err:
+        return command_error(err, out)
     print(json.dumps({"questions": len(squad.examples), "version": squad.version, "out": str(out)}))
     return 0
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from extractive_qa.data import squad_files
 from extractive_qa.errors import DataError
-from extractive_qa.files import ROOT, check_output_dir, shared_mode, write_text_atomic
+from extractive_qa.files import ROOT, check_output_dir, command_error, shared_mode
 from predict import Predictor, find_hf_dir
 
 EXPORT_RECORD = "export.json"
@@ -53,20 +53,18 @@ def export(checkpoint: str, out: Path, squad: str | None, questions: int, int8: 
         for item in sorted(hf.iterdir()):
             if item.is_file() and item.name not in WEIGHT_FILES:
                 shutil.copyfile(item, staging / item.name)
-                shared_mode(staging / item.name)
         numpy_sample = {k: v.numpy() for k, v in sample.items() if k != "feature_index"}
         onnx_model.export_onnx(onnx_model.model_to_export(hf), numpy_sample, staging / onnx_model.ONNX_FILE)
         fp32 = onnx_model.OnnxLogits(staging / onnx_model.ONNX_FILE)
         windows = sum(len(b["input_ids"]) for b in batches)
         record = {"checked_on": f"{Path(source).name}: first {len(examples)} questions, {windows} windows",
                   "opset": onnx_model.OPSET}  # fmt: skip
-        fp32_difference = onnx_model.max_logit_difference(batches, reference.forward, fp32)
-        record["onnx_max_abs_logit_difference"] = fp32_difference
-        if record["onnx_max_abs_logit_difference"] > onnx_model.FP32_TOLERANCE:
+        difference = onnx_model.max_logit_difference(batches, reference.forward, fp32)
+        record["onnx_max_abs_logit_difference"] = difference
+        if difference > onnx_model.FP32_TOLERANCE:
             raise DataError(
-                f"{hf}: the exported model's logits differ from PyTorch's by "
-                f"{record['onnx_max_abs_logit_difference']:.3g} (> {onnx_model.FP32_TOLERANCE}); not "
-                "writing an export that would answer differently."
+                f"{hf}: the exported model's logits differ from PyTorch's by {difference:.3g} "
+                f"(> {onnx_model.FP32_TOLERANCE}); not writing an export that would answer differently."
             )
         if int8:
             onnx_model.quantize_int8(staging / onnx_model.ONNX_FILE, staging / onnx_model.INT8_FILE)
@@ -74,8 +72,9 @@ def export(checkpoint: str, out: Path, squad: str | None, questions: int, int8: 
             record["int8_max_abs_logit_difference"] = onnx_model.max_logit_difference(
                 batches, reference.forward, quantized
             )
-        write_text_atomic(staging / EXPORT_RECORD, json.dumps(record, indent=1) + "\n")
-        for item in sorted(staging.iterdir()):  # each file replaced whole
+        (staging / EXPORT_RECORD).write_text(json.dumps(record, indent=1) + "\n")
+        for item in sorted(staging.iterdir()):  # each file replaced whole, with the umask's mode
+            shared_mode(item)
             item.replace(out / item.name)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -100,12 +99,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--check-questions must be 2 or more")
     try:
         result = export(args.checkpoint, args.out, args.squad, args.check_questions, not args.no_int8)
-    except DataError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except OSError as err:
-        print(f"error: cannot write {err.filename or args.out}: {err.strerror or err}.", file=sys.stderr)
-        return 2
+    except (DataError, OSError) as err:
+        return command_error(err, args.out)
     print(json.dumps(result))
     return 0
 

@@ -4,6 +4,7 @@ outputs checked writable before any work."""
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,16 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def command_error(err: Exception, output: object) -> int:
+    """A command's one line for a refused request (DataError) or a failed write (OSError, naming
+    the file; `output` where the error names none); its exit code, 2."""
+    if isinstance(err, OSError):
+        print(f"error: cannot write {err.filename or output}: {err.strerror or err}.", file=sys.stderr)
+    else:
+        print(f"error: {err}", file=sys.stderr)
+    return 2
 
 
 def check_output_file(path: Path, flag: str) -> None:
