@@ -30,7 +30,7 @@ from extractive_qa.data.batching import (
 )
 from extractive_qa.errors import ConfigError
 from extractive_qa.qa import model_card, outputs, qa_settings, squad_metric
-from extractive_qa.trial import model_io, perf_metrics
+from extractive_qa.trial import dropout_masks, model_io, perf_metrics
 from extractive_qa.trial.callbacks import CheckpointRecord, HFExport, RankRandomState, RunLog, SearcherStop
 from extractive_qa.trial.evaluation import SquadEvaluator
 from extractive_qa.trial.optimization import build_optimizer, linear_warmup_decay, radam_warning
@@ -115,16 +115,19 @@ class SquadTrial(pytorch.PyTorchTrial):
             raise ConfigError(
                 f"data.pretrained_model {model_name!r}: cannot load ({str(err).splitlines()[0]})"
             ) from None
+        masks = (hp.dropout_masks, context.device.type, hp.torch_compile)
         if hp.gradient_checkpointing:
-            compat.enable_activation_checkpointing(model)
+            compat.enable_activation_checkpointing(model, dropout_masks.recompute_context(*masks))
         if self.precision in model_io.AUTOCAST_DTYPES:
             model_io.fp32_logits(model)
         if context.distributed.rank == 0:
             logger.info(
-                "model %s (%s): %s; precision %s (%s), attention %s (%s), gradient checkpointing %s",
+                "model %s (%s): %s; precision %s (%s), attention %s (%s), gradient checkpointing %s, "
+                "dropout masks %s",
                 model_name, type(model).__name__, loaded, self.precision, self.precision_why,
                 model.config._attn_implementation, self.plan.attention_note,
                 "on" if hp.gradient_checkpointing else "off",
+                "fast" if dropout_masks.active(*masks) else "torch",
             )  # fmt: skip
             for warning in load_warnings:
                 logger.warning("data.pretrained_model %r: %s", model_name, warning)
@@ -221,8 +224,10 @@ class SquadTrial(pytorch.PyTorchTrial):
         for hook in self.before_batch:
             hook(batch_idx)
         self.perf.batch_started()
+        hp = self.plan.hparams
+        masks = dropout_masks.masks(hp.dropout_masks, self.context.device.type, hp.torch_compile)
         with self.accumulating(batch_idx):
-            with self.autocast():
+            with masks, self.autocast():
                 loss = self.model(**model_inputs(batch, self.accepted)).loss
             self.context.backward(self.scaler.scale(loss) if self.scaler else loss)
         max_norm = self.plan.hparams.max_grad_norm

@@ -28,7 +28,7 @@ from extractive_qa.config import experiment
 from extractive_qa.config.model_family import EMBEDDED_MODEL, load_model_kwargs, resolve_pretrained
 from extractive_qa.config.settings import Hyperparameters
 from extractive_qa.data.batching import forward_params, model_inputs
-from extractive_qa.trial import launch, model_io, optimization
+from extractive_qa.trial import dropout_masks, launch, model_io, optimization
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,6 +52,7 @@ class Rung:
     precision: str
     compile: str = ""  # torch.compile mode ("default", "reduce-overhead": CUDA graphs); "": eager
     tf32: bool = False  # CUDA only: the trial's default (hyperparameters.tf32)
+    masks: str = "fast"  # CPU dropout masks (hyperparameters.dropout_masks); "torch": bernoulli_
 
 
 def model_dir(kind: str, tmp: Path, tokenizer: Any) -> str:
@@ -98,7 +99,7 @@ class Loop:
         self.schedule = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, optimization.linear_warmup_decay(total, warmup)
         )
-        self.precision = rung.precision
+        self.precision, self.masks, self.compiled = rung.precision, rung.masks, rung.compile
         self.scaler = torch.amp.GradScaler("cuda") if rung.precision == "fp16" else None
         self.forward = torch.compile(self.model, mode=rung.compile) if rung.compile else self.model
         self.device, self.max_norm = device, hp.max_grad_norm
@@ -110,7 +111,8 @@ class Loop:
             k: v.to(self.device, non_blocking=True)
             for k, v in model_inputs(batch, self.accepted).items()
         }
-        with record("forward"), model_io.autocast(self.device.type, self.precision):
+        masks = dropout_masks.masks(self.masks, self.device.type, bool(self.compiled))
+        with record("forward"), masks, model_io.autocast(self.device.type, self.precision):
             loss = self.forward(**inputs).loss
         with record("backward"):
             if self.scaler:

@@ -20,9 +20,13 @@ from bench.common import Loop, Rung
 from extractive_qa.config import run_plan
 from extractive_qa.config.model_family import resolve_pretrained
 from extractive_qa.data.batching import training_batches
+from extractive_qa.trial import dropout_masks
 
 WARMUP = 2  # untimed batches first: one-time allocations, oneDNN's first kernels
 
+# Self time of each operator, grouped. Dropout masks: torch's bernoulli_, or everything inside
+# dropout_masks' labelled range (numpy's draws are its self time).
+DROPOUT = "dropout masks (drawing them)"
 # Self time of each operator, grouped. bmm only occurs in attention in these encoders (QK^T, PV);
 # Linear layers are mm / addmm. all / isneginf / where are SDPA's math path (the one it takes in
 # training with attention dropout) guarding fully masked rows.
@@ -33,7 +37,7 @@ GROUPS = {
         "aten::isneginf", "aten::where", "aten::masked_fill", "aten::masked_fill_",
         "aten::_safe_softmax", "aten::baddbmm", "aten::_scaled_dot_product_flash_attention_for_cpu",
     },
-    "dropout masks (bernoulli)": {"aten::bernoulli_", "aten::bernoulli", "aten::native_dropout"},
+    DROPOUT: {"aten::bernoulli_", "aten::bernoulli", "aten::native_dropout", dropout_masks.RANGE},
     "casts (fp32 <-> bf16)": {"aten::copy_", "aten::_to_copy", "aten::to"},
     "embedding gradient": {"aten::embedding_dense_backward", "aten::embedding_backward", "aten::index_add_"},
 }  # fmt: skip
@@ -57,10 +61,11 @@ def trial_batches(n: int) -> tuple[run_plan.RunPlan, list[dict[str, torch.Tensor
 
 
 def loop(plan: run_plan.RunPlan, precision: str, **change: Any) -> Loop:
-    """The trial's step at `precision`, with `change` (attn, optimizer) applied."""
+    """The trial's step at `precision`, with `change` (attn, optimizer, masks) applied."""
     rung = Rung(
         "", plan.hparams.batching, plan.hparams.pad_to_multiple_of,
         change.get("attn", plan.attention), change.get("optimizer", "trial"), precision,
+        masks=change.get("masks", plan.hparams.dropout_masks),
     )  # fmt: skip
     return Loop(resolve_pretrained(plan.data.pretrained_model), rung, plan.hparams, 200, torch.device("cpu"))
 
@@ -72,8 +77,11 @@ def _ancestors(event: Any) -> Iterator[Any]:
 
 
 def _group(event: Any) -> str:
-    if any(a.name == "optimizer" for a in _ancestors(event)):
+    ancestors = {a.name for a in _ancestors(event)}
+    if "optimizer" in ancestors:
         return OPTIMIZER
+    if dropout_masks.RANGE in ancestors:
+        return DROPOUT
     if event.name.startswith("autograd::"):  # the autograd engine's own bookkeeping
         return HOST
     for group, names in GROUPS.items():
@@ -131,11 +139,13 @@ def profile(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-LEVERS = {
-    "fp32 (before: SDPA, foreach AdamW)": ("fp32", {}),
-    "bf16 autocast (precision: auto here)": ("bf16", {}),
-    "bf16 + fused AdamW (CPU kernel)": ("bf16", {"optimizer": "fused"}),
-    "bf16 + eager attention in training": ("bf16", {"attn": "eager"}),
+LEVERS = {  # the first is the baseline: fp32 as it was before bf16 and the fast masks
+    "fp32, torch's dropout masks (before: SDPA, foreach AdamW)": ("fp32", {"masks": "torch"}),
+    "fp32 + fast dropout masks": ("fp32", {}),
+    "bf16 autocast, torch's dropout masks": ("bf16", {"masks": "torch"}),
+    "bf16 + fast dropout masks (the trial's step where auto picks bf16)": ("bf16", {}),
+    "bf16 + fast masks + fused AdamW (CPU kernel)": ("bf16", {"optimizer": "fused"}),
+    "bf16 + fast masks + eager attention in training": ("bf16", {"attn": "eager"}),
 }
 
 

@@ -15,8 +15,9 @@ Two comparisons, each on identical inputs:
    set): the standard recipe (every window padded to max_seq_length, random batches, eager
    attention, plain AdamW, fp32), then + length-grouped batches with dynamic padding, + SDPA
    attention, + fused AdamW (CUDA), + TF32 matmuls (CUDA), + bf16/fp16 autocast (--precision; on a
-   CPU with bf16 matrix units bf16 by default, as `precision: auto`), + torch.compile (--compile
-   [MODE ...]). The last rung before compile is the fast path (the trial's default settings);
+   CPU with bf16 matrix units bf16 by default, as `precision: auto`), + the fast dropout masks (CPU;
+   every rung before uses torch's), + torch.compile (--compile [MODE ...]). The last rung before
+   compile is the fast path (the trial's default settings);
    dynamic_padding_speedup = fast path / standard recipe. On a bf16 CPU the standard recipe also
    runs with its own bf16 switch: speedup_over_standard_bf16 = fast path / that.
 
@@ -221,7 +222,7 @@ def harness_overhead(setup: Setup, table: Table) -> dict[str, Any]:
     trial_batches = [collate(ix.tolist()) for ix in sampler.batches(0)[: args.batches]]
     fast = Rung(
         "fast", hp.batching, hp.pad_to_multiple_of, hp.attn_implementation, "trial", args.precision,
-        (args.compile or [""])[0], hp.tf32,
+        (args.compile or [""])[0], hp.tf32, hp.dropout_masks,
     )  # fmt: skip
     print(
         f"harness: {args.batches} batches of {args.batch_size}, trial (Determined local Trainer) "
@@ -276,15 +277,17 @@ STANDARD_BF16 = "standard recipe + bf16 autocast (its --bf16)"
 def fast_path_rungs(args: argparse.Namespace, hp: Hyperparameters) -> list[Rung]:
     """The standard recipe, then one switch at a time up to the trial's defaults (+ compile)."""
     B, m = hp.batching, hp.pad_to_multiple_of  # the trial's default batching
-    rungs = [
-        Rung("standard recipe (pad to max, eager, AdamW, fp32)", "padded", 1, "eager", "plain", "fp32"),
+    T = "torch"  # torch's dropout masks: the standard recipe's, and every rung before the fast ones
+    rungs = [  # fmt: skip
+        Rung("standard recipe (pad to max, eager, AdamW, fp32)",
+             "padded", 1, "eager", "plain", "fp32", masks=T),
     ]
     if args.precision == "bf16" and args.device.type == "cpu":
         # The standard recipe with its own bf16 switch (the transformers example's --bf16 on a CPU).
-        rungs.append(Rung(STANDARD_BF16, "padded", 1, "eager", "plain", "bf16"))
+        rungs.append(Rung(STANDARD_BF16, "padded", 1, "eager", "plain", "bf16", masks=T))
     rungs += [
-        Rung(f"+ dynamic padding, {B} batches (/{m})", B, m, "eager", "plain", "fp32"),
-        Rung("+ SDPA attention", B, m, "sdpa", "plain", "fp32"),
+        Rung(f"+ dynamic padding, {B} batches (/{m})", B, m, "eager", "plain", "fp32", masks=T),
+        Rung("+ SDPA attention", B, m, "sdpa", "plain", "fp32", masks=T),
     ]
     cuda = args.device.type == "cuda"
     tf32 = cuda and hp.tf32
@@ -293,7 +296,9 @@ def fast_path_rungs(args: argparse.Namespace, hp: Hyperparameters) -> list[Rung]
     if tf32:
         rungs.append(Rung("+ TF32 matmuls", B, m, "sdpa", "trial", "fp32", "", True))
     if args.precision != "fp32":
-        rungs.append(Rung(f"+ {args.precision} autocast", B, m, "sdpa", "trial", args.precision, "", tf32))
+        rungs.append(Rung(f"+ {args.precision} autocast", B, m, "sdpa", "trial", args.precision, "", tf32, T))
+    if not cuda and hp.dropout_masks == "fast":
+        rungs.append(Rung("+ fast dropout masks", B, m, "sdpa", "trial", args.precision, "", tf32))
     if args.compile:
         # torch.compile makes a graph per padded width: width buckets of 64 tokens keep those few.
         fast = rungs[-1]

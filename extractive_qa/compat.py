@@ -34,11 +34,14 @@ def allow_determined_checkpoints() -> bool:
     return True
 
 
-def enable_activation_checkpointing(model: Any) -> None:
+def enable_activation_checkpointing(model: Any, context_fn: Any = None) -> None:
     """Recompute activations in backward, without torch's reentrant variant (which DDP and frozen
-    inputs trip over). transformers 5 names it activation_checkpointing_enable (the 4.x name is
+    inputs trip over); `context_fn` is torch.utils.checkpoint's (the contexts of the forward pass and
+    of its recomputation). transformers 5 names it activation_checkpointing_enable (the 4.x name is
     deprecated there); the cluster image's 4.57 has only gradient_checkpointing_enable."""
-    kwargs = {"use_reentrant": False}
+    kwargs: dict[str, Any] = {"use_reentrant": False}
+    if context_fn is not None:
+        kwargs["context_fn"] = context_fn
     if hasattr(model, "activation_checkpointing_enable"):
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:

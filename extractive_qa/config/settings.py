@@ -122,6 +122,12 @@ class Hyperparameters:
     gradient_checkpointing: bool = setting(
         False, "recompute activations in backward: far less memory per sample for ~30 % more compute"
     )
+    dropout_masks: str = setting(
+        "fast",
+        "CPU training: fast (dropout masks drawn in bulk from numpy's SFC64, seeded from torch's "
+        "generator) or torch (torch's element-by-element bernoulli_); CUDA and torch.compile use torch's",
+        choices=("fast", "torch"),
+    )
     torch_compile: bool = setting(False, "torch.compile the model (recompiles for each padded width)")
     tf32: bool = setting(True, "CUDA: fp32 matmuls on tensor cores (TF32 inputs, fp32 accumulate)")
 
