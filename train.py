@@ -208,6 +208,7 @@ def train_run(
 
     with (
         det_internals.collective_timeout(plan.collective_timeout_s),
+        det_internals.local_gpus_torch_sees(source.on_cluster),
         pytorch.init(**plan.init_kwargs(source.exp_conf), distributed=distributed) as context,
     ):
         if source.checkpoint_path is not None:  # before the model and data are loaded

@@ -86,6 +86,31 @@ def resume_at(steps: int) -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def local_gpus_torch_sees(on_cluster: bool) -> Iterator[None]:
+    """Local mode: size the run by the GPUs torch can use, not by those nvidia-smi lists.
+
+    Locally pytorch.init() counts GPUs with `determined.gpu.get_gpu_uuids()` (_trainer.py:354),
+    which asks nvidia-smi: blind to CUDA_VISIBLE_DEVICES and to a CPU build of torch. With the
+    GPUs hidden (`CUDA_VISIBLE_DEVICES= python3 train.py`, to train on the CPU) or a CPU torch on
+    a GPU machine it would pick CUDA and fail moving the model there. pytorch.init() reads the
+    function from the module at call time, so an empty list here makes the run a CPU run, as
+    torch sees it. On a cluster the agent's allocation decides (cluster_info.gpu_uuids).
+    """
+    import torch
+    from determined import gpu
+
+    if on_cluster or torch.cuda.is_available():
+        yield
+        return
+    original = gpu.get_gpu_uuids
+    gpu.get_gpu_uuids = list  # no GPUs: list() == []
+    try:
+        yield
+    finally:
+        gpu.get_gpu_uuids = original
+
+
+@contextlib.contextmanager
 def collective_timeout(seconds: float | None) -> Iterator[None]:
     """On a cluster, give Determined's own init_process_group call a timeout.
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -121,6 +122,29 @@ def test_gradient_checkpointing_in_bf16_changes_nothing_but_memory(tiny_bert: Pa
         results.append(result)
     for key in ("last_train_loss", "exact_match", "f1"):
         assert results[0][key] == pytest.approx(results[1][key], abs=1e-6), key
+
+
+def test_a_gpu_torch_cannot_use_leaves_the_local_run_on_the_cpu(
+    tiny_bert: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """nvidia-smi lists a GPU that torch cannot use (`CUDA_VISIBLE_DEVICES=` on a GPU machine, or a
+    CPU build of torch there): Determined's local Trainer counts it, and without
+    det_internals.local_gpus_torch_sees the run fails moving the model to CUDA; with it, the run
+    trains on the CPU."""
+    if torch.cuda.is_available():
+        pytest.skip("this torch sees a GPU")
+    from determined import gpu
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho '0, GPU-00000000-0000-0000-0000-000000000000, 0, 0, 81559'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    assert len(gpu.get_gpu_uuids()) == 1  # what the local Trainer counts
+    code, result, err = _run(tiny_config(tiny_bert, tmp_path), tmp_path, "--batches", "2")
+    assert code == 0, err[-3000:]
+    assert result["steps_completed"] == 2
 
 
 def test_aggregation_frequency_from_the_yaml_reaches_the_trial(tiny_bert: Path, tmp_path: Path) -> None:
