@@ -383,3 +383,45 @@ def test_cache_check_benchmark_reports_the_check_and_the_hashing(tmp_path: Path)
     report = json.loads(out.read_text())
     assert report["windows"] == 500 and report["bytes"] > 500 * 64 * 5
     assert report["warm_check_s"] > 0 and report["sha256_gb_per_s"] > 0
+
+
+def test_recipes_report_pairs_the_fast_path_with_the_standard_recipe(tmp_path: Path) -> None:
+    """bench/cpu_precision.py recipes-report: F1 per (recipe, precision), the paired difference
+    fast - standard per precision, bf16 - fp32 per recipe, and the standard / fast time ratio."""
+    rows = []
+    for i, seed in enumerate((42, 43, 44)):
+        for recipe, shift, seconds in (("fast", 0.5, 100.0), ("standard", 0.0, 300.0)):
+            for precision, p_shift in (("fp32", 0.0), ("bf16", -0.25)):
+                f1 = 50.0 + i + shift + p_shift
+                rows.append({"recipe": recipe, "precision": precision, "seed": seed, "f1": f1,
+                             "exact_match": f1 - 8, "train_seconds": seconds})  # fmt: skip
+    path = tmp_path / "recipes.json"
+    path.write_text(json.dumps({"config": "local.yaml", "overrides": [], "rows": rows}))
+    out = _bench("cpu_precision", "recipes-report", "--json", str(path))
+    assert "| fast | fp32 | 3 | 51.50 ± 1.00 | 43.50 ± 1.00 | 100.0 | fast - standard +0.50 [+0.50, +0.50] |" in out  # noqa: E501
+    assert "| standard | bf16 | 3 | 50.75 ± 1.00 | 42.75 ± 1.00 | 300.0 | - |" in out
+    assert "standard: paired F1 bf16 - fp32 -0.25 [-0.25, -0.25] (n = 3)" in out
+    assert "fp32: training time standard / fast 3.00 ± 0.00 (n = 3)" in out
+
+
+def test_masks_report_pairs_fast_masks_with_torchs_and_borrows_the_baseline(tmp_path: Path) -> None:
+    """masks-report: fast vs torch masks; seeds whose torch arm did not run here pair with the
+    precision study's rows (torch's masks), and the report says so; times only where both ran."""
+    here = [{"precision": "fp32", "masks": "fast", "seed": s, "f1": 51.0 + s - 42, "exact_match": 43.0,
+             "train_seconds": 80.0} for s in (42, 43, 44)]  # fmt: skip
+    here.append({"precision": "fp32", "masks": "torch", "seed": 42, "f1": 50.0, "exact_match": 42.0,
+                 "train_seconds": 100.0})  # fmt: skip
+    baseline = [{"precision": "fp32", "seed": s, "f1": 50.0 + s - 42, "exact_match": 42.0,
+                 "train_seconds": 120.0} for s in (42, 43, 44)]  # fmt: skip
+    (tmp_path / "masks.json").write_text(json.dumps({"config": "local.yaml", "rows": here}))
+    (tmp_path / "base.json").write_text(
+        json.dumps({"config": "local.yaml", "machine": {"cpu": "Other CPU"}, "rows": baseline})
+    )
+    out = _bench(
+        "cpu_precision", "masks-report", "--json", str(tmp_path / "masks.json"),
+        "--baseline", str(tmp_path / "base.json"),
+    )  # fmt: skip
+    assert "| fp32 | fast | 3 | 52.00 ± 1.00 | 43.00 ± 0.00 | 80.0 | +1.00 [+1.00, +1.00] |" in out
+    assert "| fp32 | torch | 3 | 51.00 ± 1.00 | 42.00 ± 0.00 | 100.0 | - |" in out
+    assert "fp32, torch masks, seeds 43, 44: the baseline study's rows (Other CPU)" in out
+    assert "fp32: training time fast / torch masks, runs measured here, per seed: 42: 0.800" in out
