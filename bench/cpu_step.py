@@ -25,8 +25,8 @@ from extractive_qa.trial import dropout_masks
 WARMUP = 2  # untimed batches first: one-time allocations, oneDNN's first kernels
 
 # Self time of each operator, grouped. Dropout masks: torch's bernoulli_, or everything inside
-# dropout_masks' labelled range (numpy's draws are its self time).
-DROPOUT = "dropout masks (drawing them)"
+# dropout_masks' labelled range (numpy's draws are its self time, the masked product included).
+DROPOUT = "dropout masks (drawing and applying the fast ones; torch's bernoulli_)"
 # Self time of each operator, grouped. bmm only occurs in attention in these encoders (QK^T, PV);
 # Linear layers are mm / addmm. all / isneginf / where are SDPA's math path (the one it takes in
 # training with attention dropout) guarding fully masked rows.

@@ -1,2 +1,2 @@
-"""The trial in Determined: model_io, optimization, perf_metrics, evaluation, progress,
-interruption, callbacks, launch, checkpoints, checkpoint_storage."""
+"""The trial in Determined: model_io, optimization, dropout_masks, perf_metrics, evaluation,
+progress, interruption, callbacks, launch, checkpoints, checkpoint_storage."""

@@ -10,17 +10,17 @@ generated in bulk (two draws per 64-bit word), seeded per mask from torch's defa
 What stays the same: dropout's maths -- each element is kept with probability 1 - p (p rounded to
 a multiple of 2^-32) and scaled by 1 / (1 - p), independently; a run is reproducible from its seed,
 and resumes exactly, because every mask's seed is one draw of torch's generator, whose state
-Determined's checkpoints keep (and torch.utils.checkpoint restores when it recomputes). What
+every checkpoint keeps per rank (callbacks.RankRandomState) and torch.utils.checkpoint restores
+when it recomputes. What
 changes: the random stream, so a seed's masks -- and its run's exact digits -- are not those of
 torch's dropout (`dropout_masks: torch` keeps them).
 
 How: a TorchFunctionMode, active around the forward pass of a CPU training step (and around its
-recomputation under activation checkpointing),
-answers the two places a model asks for dropout -- `torch.nn.functional.dropout` (every
-nn.Dropout) and `scaled_dot_product_attention` with `dropout_p > 0` (SDPA attention in training,
-which then computes what torch's math kernel computes: fp32 softmax, the mask, the product) --
-and passes every other call through untouched. Evaluation, CUDA, torch.compile and p = 0 never
-reach it.
+recomputation under activation checkpointing), answers the two places a model asks for dropout --
+`torch.nn.functional.dropout` (every nn.Dropout) and `scaled_dot_product_attention` with
+`dropout_p > 0` (SDPA attention in training, which then takes the math kernel's steps: scores,
+softmax, the mask, the product) -- and passes every other call through untouched. Evaluation,
+CUDA, torch.compile and p = 0 never reach it.
 """
 
 from __future__ import annotations
@@ -43,22 +43,22 @@ def keep_mask(shape: torch.Size | tuple[int, ...], p: float) -> tuple[torch.Tens
     """(mask of kept elements, the scale kept elements get) for dropout probability p."""
     threshold = min(round(p * 2**32), 2**32)  # dropped: a 32-bit draw below it
     n = math.prod(shape)
-    with torch.profiler.record_function(RANGE):
-        seed = int(torch.randint(0, 2**62, (), dtype=torch.int64))  # one draw of torch's generator
-        words = np.random.Generator(np.random.SFC64(seed)).integers(
-            _LO, _HI, size=(n + 1) // 2, dtype=np.int64, endpoint=True
-        )
-        draws = torch.from_numpy(words.view(np.int32)[:n]).view(shape)  # uniform 32-bit, signed
-        keep = draws >= threshold - 2**31
+    seed = int(torch.randint(0, 2**62, (), dtype=torch.int64))  # one draw of torch's generator
+    words = np.random.Generator(np.random.SFC64(seed)).integers(
+        _LO, _HI, size=(n + 1) // 2, dtype=np.int64, endpoint=True
+    )
+    draws = torch.from_numpy(words.view(np.int32)[:n]).view(shape)  # uniform 32-bit, signed
+    keep = draws >= threshold - 2**31
     kept = 2**32 - threshold
     return keep, (2**32 / kept if kept else 0.0)
 
 
 def dropout(x: torch.Tensor, p: float, inplace: bool = False) -> torch.Tensor:
-    keep, scale = keep_mask(x.shape, p)
-    if inplace:
-        return x.masked_fill_(~keep, 0).mul_(scale)
-    return torch.where(keep, x * scale, x.new_zeros(()))
+    with torch.profiler.record_function(RANGE):  # drawing and applying the mask
+        keep, scale = keep_mask(x.shape, p)
+        if inplace:
+            return x.masked_fill_(~keep, 0).mul_(scale)
+        return torch.where(keep, x * scale, x.new_zeros(()))
 
 
 def attention(
@@ -77,15 +77,15 @@ def attention(
         key = key.repeat_interleave(query.size(-3) // key.size(-3), -3)
         value = value.repeat_interleave(query.size(-3) // value.size(-3), -3)
     scale = 1 / math.sqrt(query.size(-1)) if scale is None else scale
-    scores = torch.matmul(query, key.transpose(-2, -1)) * scale
+    scores = torch.matmul(query, key.transpose(-2, -1)) * scale  # a new tensor: filled in place
     lowest = torch.finfo(scores.dtype).min
     if is_causal:
         length, width = scores.shape[-2:]
         causal = torch.ones(length, width, dtype=torch.bool, device=scores.device).tril()
-        scores = scores.masked_fill(~causal, lowest)
+        scores.masked_fill_(~causal, lowest)
     if attn_mask is not None:
         if attn_mask.dtype == torch.bool:
-            scores = scores.masked_fill(~attn_mask, lowest)
+            scores.masked_fill_(~attn_mask, lowest)
         else:
             scores = scores + attn_mask
     probs = dropout(scores.softmax(-1), dropout_p)
