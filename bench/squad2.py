@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import study
+from bench.common import cpu_description
 from extractive_qa.data.squad_files import load_squad
 from extractive_qa.qa import squad_metric
 from tests.support.cli_result import last_json
@@ -42,12 +43,15 @@ CONFIG = "local_v2.yaml"
 TUNE = DATA / "local-tune-v2.0.json"
 EVALUATE = DATA / "local-dev-v2.0.json"
 FP32, BF16 = "hyperparameters.precision=fp32", "hyperparameters.precision=bf16"
+# Every run draws torch's dropout masks: the study's rows were measured with them, and a seed
+# pairs only with a run of the same masks (the fast masks are another random stream).
+MASKS = "hyperparameters.dropout_masks=torch"
 MODELS = {
-    "v2": (FP32,),
-    "v1.1-style": ("data.train_file=squad_data/local-train-v2.0-answerable.json", FP32),
+    "v2": (FP32, MASKS),
+    "v1.1-style": ("data.train_file=squad_data/local-train-v2.0-answerable.json", FP32, MASKS),
     # The v2 model in bf16 autocast (what `precision: auto` picks on a CPU with bf16 units),
     # paired with "v2" in fp32; its checkpoint is also answered with an fp32 forward pass.
-    "v2-bf16": (BF16,),
+    "v2-bf16": (BF16, MASKS),
 }
 NEVER_NULL = "1e30"  # predict.py --null-threshold: every question gets its best span
 SEEDS = "42,43,44,45,46"
@@ -115,8 +119,20 @@ def one_run(model: str, seed: int, workdir: Path, threads: int | None) -> dict[s
         "best_f1_thresh": best["best_f1_thresh"],
         "train_seconds": trained.get("train_seconds"),
         "wall_seconds": round(time.perf_counter() - started, 1),
+        "machine": machine_name(),
         **extra,
     }
+
+
+def machine_name() -> str:
+    """What a run trained on: the GPU, or the CPU's model, family and torch's threads."""
+    import torch
+
+    if torch.cuda.is_available():
+        return study.device_name()
+    cpu = cpu_description()
+    units = ", ".join(cpu["bf16_units"])
+    return f"{cpu['cpu']} {cpu['family']}, {cpu['torch_threads']} threads, bf16 units: {units}"
 
 
 def run(args: argparse.Namespace, result: dict[str, Any]) -> None:

@@ -357,7 +357,8 @@ def test_batching_stats_and_report(tmp_path: Path) -> None:
 def test_cpu_precision_report_pairs_seeds_and_applies_the_f1_rule(tmp_path: Path) -> None:
     """bench/cpu_precision.py report on recorded rows: F1 per precision, the paired difference,
     the training-time ratio per seed, and the rule for switching the default (the interval's lower
-    end at least -1.5): bf16 0.4 below fp32 on every seed passes, 3 below fails."""
+    end at least -1.5): bf16 0.4 below fp32 on every seed passes, 3 below fails. Rows recorded
+    before the masks were a setting count as torch's masks, and never pair with the fast ones."""
     path = tmp_path / "cpu.json"
 
     def rows(shift: float) -> list[dict]:
@@ -370,11 +371,39 @@ def test_cpu_precision_report_pairs_seeds_and_applies_the_f1_rule(tmp_path: Path
 
     path.write_text(json.dumps({"config": "local.yaml", "rows": rows(0.4)}))
     out = _bench("cpu_precision", "report", "--json", str(path))
-    assert "| bf16 | 5 | 51.60 ± 1.58 | 43.60 ± 1.58 | 242.0 | -0.40 [-0.40, -0.40] |" in out
-    assert "training time bf16 / fp32, per seed: 42: 0.800, 43: 0.801" in out
-    assert "PASS: auto may pick bf16 (-0.40 [-0.40, -0.40], n = 5)" in out
+    assert "fixed: recipe fast, masks torch" in out
+    assert "| bf16 | 5 | 51.60 ± 1.58 | 43.60 ± 1.58 | 242.0 |" in out
+    assert "training time bf16 / fp32, runs measured here, per seed: 42: 0.800, 43: 0.801" in out
+    assert "- precision bf16 - fp32: paired F1 -0.40 [-0.40, -0.40], n = 5; rule" in out
+    assert "PASS: auto may pick bf16" in out
     path.write_text(json.dumps({"config": "local.yaml", "rows": rows(3.0)}))
     assert "FAIL: keep fp32 as the default" in _bench("cpu_precision", "report", "--json", str(path))
+    # Two bf16 runs with the fast masks: their own arm, compared with nothing of the other masks'.
+    fast = [{**r, "masks": "fast", "f1": 0.0} for r in rows(0.4) if r["seed"] in (42, 43)]
+    path.write_text(json.dumps({"config": "local.yaml", "rows": rows(0.4) + fast}))
+    out = _bench("cpu_precision", "report", "--json", str(path))
+    assert "- precision bf16 - fp32 (masks torch): paired F1 -0.40 [-0.40, -0.40], n = 5" in out
+    assert "- precision bf16 - fp32 (masks fast): paired F1 +0.00 [+0.00, +0.00], n = 2" in out
+    assert "- masks fast - torch (precision bf16): paired F1 -50.10" in out
+    assert "FAIL: keep torch's masks as the default" in out
+
+
+def test_cpu_precision_runs_pin_every_factor() -> None:
+    """Each study run sets every factor it is identified by, seed by seed, the arms alternating."""
+    from bench import cpu_precision
+
+    levels = {"recipe": ("fast",), "precision": ("fp32", "bf16"), "masks": ("fast",)}
+    runs = cpu_precision.runs([42, 43], levels, ("hyperparameters.tf32=false",))
+    assert [(r.seed, r.cell["precision"]) for r in runs] == [
+        (42, "fp32"), (42, "bf16"), (43, "fp32"), (43, "bf16"),
+    ]  # fmt: skip
+    assert runs[1].cell == {"recipe": "fast", "precision": "bf16", "masks": "fast"}
+    assert runs[1].overrides == (
+        "hyperparameters.precision=bf16", "hyperparameters.dropout_masks=fast", "hyperparameters.tf32=false",
+    )  # fmt: skip
+    standard = cpu_precision.runs([42], {**levels, "recipe": ("standard",)})[0]
+    assert "hyperparameters.batching=padded" in standard.overrides
+    assert "hyperparameters.attn_implementation=eager" in standard.overrides
 
 
 def test_cache_check_benchmark_reports_the_check_and_the_hashing(tmp_path: Path) -> None:
@@ -387,7 +416,7 @@ def test_cache_check_benchmark_reports_the_check_and_the_hashing(tmp_path: Path)
 
 def test_recipes_report_pairs_the_fast_path_with_the_standard_recipe(tmp_path: Path) -> None:
     """bench/cpu_precision.py recipes-report: F1 per (recipe, precision), the paired difference
-    fast - standard per precision, bf16 - fp32 per recipe, and the standard / fast time ratio."""
+    fast - standard per precision, bf16 - fp32 per recipe, and the fast / standard time ratio."""
     rows = []
     for i, seed in enumerate((42, 43, 44)):
         for recipe, shift, seconds in (("fast", 0.5, 100.0), ("standard", 0.0, 300.0)):
@@ -398,10 +427,11 @@ def test_recipes_report_pairs_the_fast_path_with_the_standard_recipe(tmp_path: P
     path = tmp_path / "recipes.json"
     path.write_text(json.dumps({"config": "local.yaml", "overrides": [], "rows": rows}))
     out = _bench("cpu_precision", "recipes-report", "--json", str(path))
-    assert "| fast | fp32 | 3 | 51.50 ± 1.00 | 43.50 ± 1.00 | 100.0 | fast - standard +0.50 [+0.50, +0.50] |" in out  # noqa: E501
-    assert "| standard | bf16 | 3 | 50.75 ± 1.00 | 42.75 ± 1.00 | 300.0 | - |" in out
-    assert "standard: paired F1 bf16 - fp32 -0.25 [-0.25, -0.25] (n = 3)" in out
-    assert "fp32: training time standard / fast 3.00 ± 0.00 (n = 3)" in out
+    assert "| fast | fp32 | 3 | 51.50 ± 1.00 | 43.50 ± 1.00 | 100.0 |" in out
+    assert "| standard | bf16 | 3 | 50.75 ± 1.00 | 42.75 ± 1.00 | 300.0 |" in out
+    assert "- recipe fast - standard (precision fp32): paired F1 +0.50 [+0.50, +0.50], n = 3\n" in out
+    assert "- precision bf16 - fp32 (recipe standard): paired F1 -0.25 [-0.25, -0.25], n = 3;" in out
+    assert "training time fast / standard, runs measured here, per seed: 42: 0.333" in out
 
 
 def test_masks_report_pairs_fast_masks_with_torchs_and_borrows_the_baseline(tmp_path: Path) -> None:
@@ -411,8 +441,8 @@ def test_masks_report_pairs_fast_masks_with_torchs_and_borrows_the_baseline(tmp_
              "train_seconds": 80.0} for s in (42, 43, 44)]  # fmt: skip
     here.append({"precision": "fp32", "masks": "torch", "seed": 42, "f1": 50.0, "exact_match": 42.0,
                  "train_seconds": 100.0})  # fmt: skip
-    baseline = [{"precision": "fp32", "seed": s, "f1": 50.0 + s - 42, "exact_match": 42.0,
-                 "train_seconds": 120.0} for s in (42, 43, 44)]  # fmt: skip
+    baseline = [{"precision": p, "seed": s, "f1": 50.0 + s - 42, "exact_match": 42.0,
+                 "train_seconds": 120.0} for s in (42, 43, 44) for p in ("fp32", "bf16")]  # fmt: skip
     (tmp_path / "masks.json").write_text(json.dumps({"config": "local.yaml", "rows": here}))
     (tmp_path / "base.json").write_text(
         json.dumps({"config": "local.yaml", "machine": {"cpu": "Other CPU"}, "rows": baseline})
@@ -421,7 +451,10 @@ def test_masks_report_pairs_fast_masks_with_torchs_and_borrows_the_baseline(tmp_
         "cpu_precision", "masks-report", "--json", str(tmp_path / "masks.json"),
         "--baseline", str(tmp_path / "base.json"),
     )  # fmt: skip
-    assert "| fp32 | fast | 3 | 52.00 ± 1.00 | 43.00 ± 0.00 | 80.0 | +1.00 [+1.00, +1.00] |" in out
-    assert "| fp32 | torch | 3 | 51.00 ± 1.00 | 42.00 ± 0.00 | 100.0 | - |" in out
-    assert "fp32, torch masks, seeds 43, 44: the baseline study's rows (Other CPU)" in out
-    assert "fp32: training time fast / torch masks, runs measured here, per seed: 42: 0.800" in out
+    assert "| fast | 3 | 52.00 ± 1.00 | 43.00 ± 0.00 | 80.0 |" in out
+    assert "| torch | 3 | 51.00 ± 1.00 | 42.00 ± 0.00 | 100.0 |" in out
+    assert "- masks fast - torch: paired F1 +1.00 [+1.00, +1.00], n = 3" in out
+    borrowed = "recipe fast, precision fp32, masks torch, seeds 43, 44: the baseline study's rows (Other CPU)"
+    assert borrowed in out
+    assert "training time fast / torch, runs measured here, per seed: 42: 0.800; mean 0.800" in out
+    assert "bf16" not in out  # the baseline's other arms are not this study's
