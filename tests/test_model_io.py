@@ -55,6 +55,20 @@ def test_the_default_precision_is_auto() -> None:
     assert run_plan.run_plan(conf, {"train_length": {"epochs": 1}}, slots=1).hparams.precision == "auto"
 
 
+def test_the_embedded_configs_precision(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """On a CPU with bf16 units local.yaml trains in bf16 (auto) and local_v2.yaml in fp32: its
+    F1 at the tuned no-answer threshold did not pass the rule bf16 must pass (docs/squad2.md)."""
+    from extractive_qa.config import experiment
+
+    _cpu(monkeypatch, tmp_path, {"_is_amx_tile_supported"})
+    root = Path(__file__).resolve().parents[1]
+    picked = {}
+    for name in ("local.yaml", "local_v2.yaml"):
+        hp = experiment.local_hparams(experiment.load_yaml(root / name))
+        picked[name] = model_io.resolve_precision(hp.get("precision", "auto"), "cpu")[0]
+    assert picked == {"local.yaml": "bf16", "local_v2.yaml": "fp32"}
+
+
 def test_bf16_autocast_keeps_the_logits_and_the_loss_in_fp32(tiny_bert: Path) -> None:
     """Under bf16 autocast the encoder's matmuls run in bf16 but the QA head does not: logits and
     loss are fp32 (without fp32_logits they are bf16), parameters and saved names unchanged."""
