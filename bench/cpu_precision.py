@@ -138,7 +138,7 @@ def borrow(
     time is taken from them), and a note per arm saying so."""
     if baseline is None:
         return [], []
-    arms = {json.dumps({f: r[f] for f in FACTORS}, sort_keys=True): r for r in rows}
+    arms = {json.dumps({f: r[f] for f in FACTORS}, sort_keys=True) for r in rows}
     have = {(json.dumps({f: r[f] for f in FACTORS}, sort_keys=True), r["seed"]) for r in rows}
     where = (baseline.get("machine") or {}).get("cpu") or baseline.get("device") or "?"
     taken: dict[str, list[int]] = {}
@@ -258,6 +258,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error("--jobs must be at least 1")
+    try:
+        seeds = [int(s) for s in args.seeds.split(",")]
+    except ValueError:
+        parser.error(f"--seeds {args.seeds!r}: comma-separated integers, e.g. 42,43,44")
+    if args.baseline is not None and not args.baseline.is_file():
+        parser.error(f"--baseline {args.baseline}: no such file (a study's JSON in bench/results)")
     if args.what in ("profile", "levers"):
         from bench import cpu_step
 
@@ -288,7 +294,6 @@ def main(argv: list[str] | None = None) -> int:
         result["command"], result["date"] = " ".join(command), time.strftime("%Y-%m-%d")
         result["overrides"] = args.overrides
         result["rows"] = normalized(result["rows"])
-        seeds = [int(s) for s in args.seeds.split(",")]
         study.run_all(runs(seeds, levels, tuple(args.overrides)), path, result, CONFIG, jobs=args.jobs)
         study.save(path, result)
     if not result["rows"]:
