@@ -62,7 +62,6 @@ from bench.study import ROOT
 CONFIG = "local.yaml"
 SEEDS = "42,43,44,45,46"
 RESULTS = ROOT / "bench" / "results"
-BOUND = 1.5  # a new default only if the paired F1 interval's lower end is at least -BOUND
 
 # What a study varies: each factor's levels, as train.py settings. The first level is compared
 # against the second (bf16 - fp32, fast - torch masks, fast path - standard recipe).
@@ -197,9 +196,9 @@ def report(result: dict[str, Any], baseline: dict[str, Any] | None = None) -> st
             line = f"- {factor} {first} - {second}{f' ({within})' if within else ''}: "
             line += f"paired F1 {study.fmt_diff(diff)}, n = {diff['n']}"
             if factor in RULES:
-                passes = diff["lo"] >= -BOUND  # inside [-BOUND, +BOUND], or reaching above it
+                passes = study.passes_rule(diff)
                 verdict = f"PASS: {RULES[factor][0]}" if passes else f"FAIL: {RULES[factor][1]}"
-                line += f"; rule (the interval within +-{BOUND} of zero, or above it): {verdict}"
+                line += f"; rule ({study.RULE}): {verdict}"
             lines.append(line)
             t_a = study.by_seed(measured, a, "train_seconds")
             t_b = study.by_seed(measured, b, "train_seconds")

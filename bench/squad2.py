@@ -55,6 +55,8 @@ MODELS = {
 }
 NEVER_NULL = "1e30"  # predict.py --null-threshold: every question gets its best span
 SEEDS = "42,43,44,45,46"
+# The measures bf16 must pass the F1 rule on before local_v2.yaml may train in it by default.
+RULED = (("best_f1",), ("at_tuned", "f1"))
 
 
 def scores_at(examples: list, spans: dict[str, str], odds: dict[str, float], threshold: float) -> dict:
@@ -144,10 +146,13 @@ def run(args: argparse.Namespace, result: dict[str, Any]) -> None:
     )
 
 
-def column(rows: list[dict], model: str, path: tuple[str, ...]) -> dict[int, float]:
+def column(
+    rows: list[dict], model: str, path: tuple[str, ...], seeds: set[int] | None = None
+) -> dict[int, float]:
+    """{seed: the value at `path`} of `model`'s rows (of `seeds` only, when given)."""
     out = {}
     for row in rows:
-        if row["model"] == model:
+        if row["model"] == model and (seeds is None or row["seed"] in seeds):
             value: Any = row
             for key in path:
                 value = value[key]
@@ -155,8 +160,14 @@ def column(rows: list[dict], model: str, path: tuple[str, ...]) -> dict[int, flo
     return out
 
 
+def shared_seeds(rows: list[dict], *models: str) -> set[int]:
+    """The seeds every one of `models` ran: the pairs each table's columns and differences use."""
+    return set.intersection(*({r["seed"] for r in rows if r["model"] == m} for m in models))
+
+
 def report(result: dict[str, Any]) -> str:
     rows = result["rows"]
+    seeds = shared_seeds(rows, "v2", "v1.1-style")
     measures = [
         ("F1 at threshold 0", ("at_zero", "f1")),
         ("EM at threshold 0", ("at_zero", "exact")),
@@ -170,6 +181,8 @@ def report(result: dict[str, Any]) -> str:
         ("the tuned threshold", ("tuned_threshold",)),
     ]
     lines = [
+        f"seeds both models ran: {', '.join(map(str, sorted(seeds)))}",
+        "",
         "| measure (Victoria_(Australia), 247 questions) | v2 | v1.1-style "
         "| v2 - v1.1-style, paired [95 % CI] |",
         "|---|---|---|---|",
@@ -177,15 +190,17 @@ def report(result: dict[str, Any]) -> str:
     for label, path in measures:
         cells = []
         for model in ("v2", "v1.1-style"):
-            values = column(rows, model, path)
+            values = column(rows, model, path, seeds)
             if values:
                 mean, std = study.mean_std(list(values.values()))
                 cells.append(f"{mean:.2f} ± {std:.2f} (n={len(values)})")
             else:
                 cells.append("-")
-        diff = study.paired(column(rows, "v2", path), column(rows, "v1.1-style", path))
+        diff = study.paired(column(rows, "v2", path, seeds), column(rows, "v1.1-style", path, seeds))
         lines.append(f"| {label} | {cells[0]} | {cells[1]} | {study.fmt_diff(diff)} |")
-    tuned_gain = study.paired(column(rows, "v2", ("at_tuned", "f1")), column(rows, "v2", ("at_zero", "f1")))
+    tuned_gain = study.paired(
+        column(rows, "v2", ("at_tuned", "f1"), seeds), column(rows, "v2", ("at_zero", "f1"), seeds)
+    )
     lines.append("")
     lines.append(f"v2: F1 at the tuned threshold - F1 at 0, paired: {study.fmt_diff(tuned_gain)}")
     no_answer = 100.0 * sum(not ex.answers for ex in load_squad(EVALUATE, training=False).examples) / 247
@@ -203,17 +218,29 @@ def precision_report(rows: list[dict]) -> list[str]:
         ("F1 at threshold 0", ("at_zero", "f1")),
         ("F1 at the threshold tuned on Sky", ("at_tuned", "f1")),
     ]
+    seeds = shared_seeds(rows, "v2", "v2-bf16")
+    verdicts: list[str] = []
     lines = [
-        "| measure | v2 fp32 | v2 bf16 | bf16 - fp32, paired [95 % CI] |",
-        "|---|---|---|---|",
+        f"seeds both precisions ran: {', '.join(map(str, sorted(seeds)))}",
+        "",
+        "| measure | v2 fp32 | v2 bf16 | bf16 - fp32, paired [95 % CI] | per seed bf16 - fp32 |",
+        "|---|---|---|---|---|",
     ]
     for label, path in measures:
         cells = []
         for model in ("v2", "v2-bf16"):
-            mean, std = study.mean_std(list(column(rows, model, path).values()))
+            mean, std = study.mean_std(list(column(rows, model, path, seeds).values()))
             cells.append(f"{mean:.2f} ± {std:.2f}")
-        diff = study.paired(column(rows, "v2-bf16", path), column(rows, "v2", path))
-        lines.append(f"| {label} | {cells[0]} | {cells[1]} | {study.fmt_diff(diff)} |")
+        bf16, fp32 = column(rows, "v2-bf16", path, seeds), column(rows, "v2", path, seeds)
+        per_seed = ", ".join(f"{bf16[s] - fp32[s]:+.2f}" for s in sorted(seeds))
+        diff = study.paired(bf16, fp32)
+        lines.append(f"| {label} | {cells[0]} | {cells[1]} | {study.fmt_diff(diff)} | {per_seed} |")
+        if path in RULED and diff is not None:
+            verdicts.append(f"{label}: {'PASS' if study.passes_rule(diff) else 'FAIL'}")
+    if verdicts:
+        everywhere = all(v.endswith("PASS") for v in verdicts)
+        default = "precision: auto may pick bf16" if everywhere else "keep fp32 as its default"
+        lines += ["", f"{CONFIG}, rule ({study.RULE}): {'; '.join(verdicts)} -> {default}"]
     lines += ["", "the bf16 checkpoints answered with an fp32 forward pass (fp32 - bf16 forward, paired):"]
     for label, path in measures:
         diff = study.paired(
@@ -302,14 +329,19 @@ def main() -> int:
     if args.jobs < 1 or args.repeats < 1:
         parser.error("--jobs and --repeats must be >= 1")
     result = study.load(args.json, {"config": CONFIG})
+    if args.what == "report":  # reads the study; writes nothing
+        if not result["rows"]:
+            raise SystemExit(f"{args.json}: no runs recorded yet; `python3 -m bench.squad2 run` runs them")
+        print(report(result))
+        return 0
     result["command"] = " ".join(["python3", "-m", "bench.squad2", *sys.argv[1:]])
     if args.what == "run":
         result["train_device"] = study.device_name()
         run(args, result)
-    elif args.what == "overhead":
+    else:
         overhead(args, result)
     study.save(args.json, result)
-    if args.what != "overhead":
+    if args.what == "run":
         print(report(result))
     return 0
 

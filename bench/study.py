@@ -175,6 +175,16 @@ def paired(values: dict[int, float], baseline: dict[int, float]) -> dict[str, An
     return {"n": len(seeds), "mean": mean, "lo": mean - half, "hi": mean + half}
 
 
+# A setting's default changes only if the paired F1 difference's 95 % interval lies within
+# +-BOUND of zero or reaches above it (precision: auto, dropout_masks: fast).
+BOUND = 1.5
+RULE = f"the interval within +-{BOUND} of zero, or above it"
+
+
+def passes_rule(diff: dict[str, Any]) -> bool:
+    return diff["lo"] >= -BOUND
+
+
 def by_seed(rows: Sequence[dict[str, Any]], cell: dict[str, Any], metric: str = "f1") -> dict[int, float]:
     return {r["seed"]: r[metric] for r in rows if all(r.get(k) == v for k, v in cell.items())}
 

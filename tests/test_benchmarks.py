@@ -458,3 +458,40 @@ def test_masks_report_pairs_fast_masks_with_torchs_and_borrows_the_baseline(tmp_
     assert borrowed in out
     assert "training time fast / torch, runs measured here, per seed: 42: 0.800; mean 0.800" in out
     assert "bf16" not in out  # the baseline's other arms are not this study's
+
+
+def test_squad2_report_pairs_each_table_on_the_seeds_its_models_share(tmp_path: Path) -> None:
+    """bench/squad2.py report: the v2 / v1.1-style table uses the seeds both ran, the precision
+    table the seeds both precisions ran (v2 has more than either), each paired difference per
+    seed; the F1 rule decides local_v2.yaml's default from best_f1 and F1 at the tuned threshold.
+    A report writes nothing."""
+
+    def row(model: str, seed: int, f1: float, best: float) -> dict:
+        scores = {"exact": f1 - 1, "f1": f1, "HasAns_exact": 10.0, "HasAns_f1": 12.0,
+                  "NoAns_exact": 80.0, "NoAns_f1": 80.0}  # fmt: skip
+        out = {"model": model, "seed": seed, "at_zero": {**scores, "f1": f1 - 8}, "at_tuned": scores,
+               "best_f1": best, "tuned_threshold": -2.0}  # fmt: skip
+        if model == "v2-bf16":
+            out["fp32_forward"] = {"at_zero": out["at_zero"], "at_tuned": scores, "best_f1": best}
+        return out
+
+    rows = [row("v2", s, 48.0 + i, 50.0) for i, s in enumerate((42, 43, 44, 45))]
+    rows += [row("v1.1-style", s, 45.0 + i, 50.5) for i, s in enumerate((42, 43, 44))]
+    rows += [row("v2-bf16", s, 48.0 + i - shift, 50.1) for i, (s, shift) in enumerate(((42, 0.5), (43, 3.0), (44, 0.0), (45, 0.5)))]  # noqa: E501
+    path = tmp_path / "squad2.json"
+    path.write_text(json.dumps({"config": "local_v2.yaml", "rows": rows}))
+    before = path.read_text()
+    out = _bench("squad2", "report", "--json", str(path))
+    assert path.read_text() == before
+    assert "seeds both models ran: 42, 43, 44\n" in out
+    assert "| F1 at the threshold tuned on Sky | 49.00 ± 1.00 (n=3) | 46.00 ± 1.00 (n=3) | +3.00 [+3.00, +3.00] |" in out  # noqa: E501
+    assert "seeds both precisions ran: 42, 43, 44, 45\n" in out
+    assert "| -1.00 [-3.15, +1.15] | -0.50, -3.00, +0.00, -0.50 |" in out
+    assert "best_f1 on Victoria (the run's own validation set): PASS; F1 at the threshold tuned on Sky: FAIL" in out  # noqa: E501
+    assert "-> keep fp32 as its default" in out
+    # Without seed 43 (and bf16 0.01 higher at the tuned threshold) the interval passes.
+    nudged = {"v2-bf16": 0.01}
+    rows = [{**r, "at_tuned": {**r["at_tuned"], "f1": r["at_tuned"]["f1"] + nudged.get(r["model"], 0.0)}}
+            for r in rows if r["seed"] != 43]  # fmt: skip
+    path.write_text(json.dumps({"config": "local_v2.yaml", "rows": rows}))
+    assert "-> precision: auto may pick bf16" in _bench("squad2", "report", "--json", str(path))
