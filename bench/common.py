@@ -158,6 +158,19 @@ def cpu_description() -> dict[str, Any]:
     }
 
 
+def machine_text(device: torch.device | None = None, cpu: dict[str, Any] | None = None) -> str:
+    """One line naming what a figure was measured on: a CUDA device's name, or a CPU's model,
+    family, torch's threads and bf16 units -- `cpu` (a recorded cpu_description) or this one's."""
+    if cpu is None and device is not None and device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    cpu = cpu if cpu is not None else cpu_description()
+    units = ", ".join(cpu.get("bf16_units", ["?"]))
+    return (
+        f"{cpu.get('cpu', '?')} ({cpu.get('family') or '?'}), {cpu.get('torch_threads', '?')} threads, "
+        f"bf16 units: {units}"
+    )
+
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()

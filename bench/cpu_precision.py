@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import study
-from bench.common import cpu_description
+from bench.common import cpu_description, machine_text
 from bench.study import ROOT
 
 CONFIG = "local.yaml"
@@ -166,9 +166,7 @@ def report(result: dict[str, Any], baseline: dict[str, Any] | None = None) -> st
     m = result.get("machine") or {}
     machine = result.get("device") or ""
     if m:
-        units = ", ".join(m.get("bf16_units", ["?"]))
-        machine = f"{m.get('cpu', '?')} {m.get('family', '')}, {m.get('torch_threads', '?')} threads, "
-        machine += f"bf16 units: {units}, torch {m.get('torch', '?')}"
+        machine = f"{machine_text(cpu=m)}, torch {m.get('torch', '?')}"
     overrides = " ".join(result.get("overrides", [])) or "none"
     fixed = ", ".join(f"{f} {present[f][0]}" for f in FACTORS if len(present[f]) == 1)
     lines = [f"{CONFIG}, paired seeds; {machine or '?'}; fixed: {fixed or '-'}; overrides: {overrides}", ""]

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 import predict
-from bench.common import BERT_BASE, cpu_description, sync
+from bench.common import BERT_BASE, machine_text, sync
 from extractive_qa.config import experiment, run_plan
 from extractive_qa.config.model_family import resolve_pretrained
 from extractive_qa.data import squad_files
@@ -201,11 +201,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def machine_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    cpu = cpu_description()
-    return f"{cpu['cpu']}, {torch.get_num_threads()} threads, bf16 units: {', '.join(cpu['bf16_units'])}"
 
 
 def print_end_to_end(name: str, squad: str, report: dict[str, Any]) -> None:
@@ -256,7 +251,7 @@ def compare_runtimes(
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    machine = machine_name(args.device)
+    machine = machine_text(args.device)
     result: dict[str, Any] = {"device": machine, "torch": torch.__version__}
     result["date"] = time.strftime("%Y-%m-%d")
     print(f"device: {machine}")

@@ -31,8 +31,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from bench import study
-from bench.common import cpu_description
+from bench.common import machine_text
 from extractive_qa.data.squad_files import load_squad
 from extractive_qa.qa import squad_metric
 from tests.support.cli_result import last_json
@@ -121,20 +123,9 @@ def one_run(model: str, seed: int, workdir: Path, threads: int | None) -> dict[s
         "best_f1_thresh": best["best_f1_thresh"],
         "train_seconds": trained.get("train_seconds"),
         "wall_seconds": round(time.perf_counter() - started, 1),
-        "machine": machine_name(),
+        "machine": machine_text(torch.device("cuda" if torch.cuda.is_available() else "cpu")),
         **extra,
     }
-
-
-def machine_name() -> str:
-    """What a run trained on: the GPU, or the CPU's model, family and torch's threads."""
-    import torch
-
-    if torch.cuda.is_available():
-        return study.device_name()
-    cpu = cpu_description()
-    units = ", ".join(cpu["bf16_units"])
-    return f"{cpu['cpu']} {cpu['family']}, {cpu['torch_threads']} threads, bf16 units: {units}"
 
 
 def run(args: argparse.Namespace, result: dict[str, Any]) -> None:

@@ -11,9 +11,8 @@ What stays the same: dropout's maths -- each element is kept with probability 1 
 a multiple of 2^-32) and scaled by 1 / (1 - p), independently; a run is reproducible from its seed,
 and resumes exactly, because every mask's seed is one draw of torch's generator, whose state
 every checkpoint keeps per rank (callbacks.RankRandomState) and torch.utils.checkpoint restores
-when it recomputes. What
-changes: the random stream, so a seed's masks -- and its run's exact digits -- are not those of
-torch's dropout (`dropout_masks: torch` keeps them).
+when it recomputes. What changes: the random stream, so a seed's masks -- and its run's exact
+digits -- are not those of torch's dropout (`dropout_masks: torch` keeps them).
 
 How: a TorchFunctionMode, active around the forward pass of a CPU training step (and around its
 recomputation under activation checkpointing), answers the two places a model asks for dropout --
