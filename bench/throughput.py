@@ -61,7 +61,7 @@ from bench.common import (
     SQUAD_V11_WINDOWS,
     Loop,
     Rung,
-    cpu_description,
+    machine_text,
     model_dir,
     run_trial,
     sync,
@@ -139,6 +139,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.compile = ["default"]
     if args.device.type == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device here")
+    if args.doc_stride >= args.max_seq_length:
+        parser.error(
+            f"--doc-stride {args.doc_stride} must be smaller than --max-seq-length {args.max_seq_length} "
+            "(it is the overlap between consecutive windows)"
+        )
     # bf16 on a GPU; on a CPU what `precision: auto` picks there (bf16 where it has bf16 units).
     cpu_pick = model_io.resolve_precision("auto", "cpu")[0]
     args.precision = args.precision or ("bf16" if args.device.type == "cuda" else cpu_pick)
@@ -397,12 +402,7 @@ def ladder(setup: Setup, table: Table) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     device = args.device
-    if device.type == "cuda":
-        machine = torch.cuda.get_device_name(device)
-    else:
-        cpu = cpu_description()
-        machine = f"{cpu['cpu']} ({cpu['family']}), {cpu['torch_threads']} threads, bf16 units: "
-        machine += ", ".join(cpu["bf16_units"])
+    machine = machine_text(device)
     print(f"device: {machine}; torch {torch.__version__}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         setup = Setup.build(args, Path(tmp))

@@ -495,3 +495,15 @@ def test_squad2_report_pairs_each_table_on_the_seeds_its_models_share(tmp_path: 
             for r in rows if r["seed"] != 43]  # fmt: skip
     path.write_text(json.dumps({"config": "local_v2.yaml", "rows": rows}))
     assert "-> precision: auto may pick bf16" in _bench("squad2", "report", "--json", str(path))
+
+
+def test_throughput_refuses_a_stride_as_wide_as_the_window() -> None:
+    """bench.throughput: --doc-stride not below --max-seq-length is a usage error naming both
+    flags, before any model or data is loaded (not the run plan's traceback)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.throughput", "--skip-trial", "--max-seq-length", "64"],
+        capture_output=True, text=True, check=False, cwd=ROOT, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "--doc-stride 128 must be smaller than --max-seq-length 64" in done.stderr
+    assert "Traceback" not in done.stderr
