@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from extractive_qa import cli  # first: a Ctrl-C while the libraries load is one line
 from extractive_qa.config.settings import DataSettings, WindowSpec
 from extractive_qa.data.feature_cache import prepare_features
 from extractive_qa.data.features import Features, load_tokenizer
@@ -39,7 +40,7 @@ from extractive_qa.data.squad_files import (
     write_squad,
 )
 from extractive_qa.errors import ConfigError, DataError
-from extractive_qa.files import check_not_an_input, check_output_file, command_error
+from extractive_qa.files import check_output_file, check_outputs, command_error
 
 logger = logging.getLogger("squad")
 
@@ -91,6 +92,8 @@ def load_run_data(settings: DataSettings, spec: WindowSpec, rank: int) -> RunDat
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if cli.refuse_undecodable(argv):
+        return 2
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 2)[2],
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -155,7 +158,7 @@ def convert(source: str, out: Path) -> int:
         if out.suffix not in (".json", ".jsonl", ".parquet"):
             raise DataError(f"--out {out}: name it .json (nested SQuAD), .jsonl or .parquet.")
         check_output_file(out.resolve(), "--out")
-        check_not_an_input({"--out": out}, {"--convert": Path(source)})
+        check_outputs({"--out": out}, {"--convert": Path(source)}, new_files_in_upload=True)
         squad = load_squad(source, training=False)
         write_squad(squad, out)
     except (DataError, OSError) as err:

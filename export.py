@@ -21,9 +21,17 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from extractive_qa import cli  # first: a Ctrl-C while the libraries load is one line
 from extractive_qa.data import squad_files
 from extractive_qa.errors import DataError
-from extractive_qa.files import ROOT, check_output_dir, command_error, shared_mode
+from extractive_qa.files import (
+    ROOT,
+    check_new_directory,
+    check_outputs,
+    command_error,
+    copy_plain_file,
+    shared_mode,
+)
 from predict import Predictor, find_hf_dir
 
 EXPORT_RECORD = "export.json"
@@ -37,9 +45,10 @@ def export(checkpoint: str, out: Path, squad: str | None, questions: int, int8: 
 
     onnx_model.require_onnx("export.py")
     hf = find_hf_dir(checkpoint)
-    if out.resolve() == hf.resolve() or hf.resolve() in out.resolve().parents:
-        raise DataError(f"--out {out}: is inside the checkpoint's {hf}; export somewhere else.")
-    check_output_dir(out.resolve(), "--out")
+    check_new_directory(out.resolve(), "--out")
+    inputs = {"--checkpoint": Path(checkpoint), "--checkpoint's hf/": hf}
+    inputs["--squad"] = Path(squad) if squad else None
+    check_outputs({"--out": out}, inputs)
     reference = Predictor(str(hf), "cpu", precision="fp32")
     source = squad or str(DEFAULT_CHECK[reference.settings.squad_version])
     examples = squad_files.load_squad(source, training=False).examples[:questions]
@@ -50,9 +59,11 @@ def export(checkpoint: str, out: Path, squad: str | None, questions: int, int8: 
     out.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=out, prefix=".export-"))
     try:
-        for item in sorted(hf.iterdir()):
-            if item.is_file() and item.name not in WEIGHT_FILES:
-                shutil.copyfile(item, staging / item.name)
+        copied = set()
+        for item in sorted(hf.iterdir()):  # plain files only: a link in hf/ is refused, not followed
+            if item.name not in WEIGHT_FILES and not item.is_dir():
+                copy_plain_file(item, staging / item.name)  # its mode narrowed, never widened
+                copied.add(item.name)
         numpy_sample = {k: v.numpy() for k, v in sample.items() if k != "feature_index"}
         onnx_model.export_onnx(onnx_model.model_to_export(hf), numpy_sample, staging / onnx_model.ONNX_FILE)
         fp32 = onnx_model.OnnxLogits(staging / onnx_model.ONNX_FILE)
@@ -73,8 +84,9 @@ def export(checkpoint: str, out: Path, squad: str | None, questions: int, int8: 
                 batches, reference.forward, quantized
             )
         (staging / EXPORT_RECORD).write_text(json.dumps(record, indent=1) + "\n")
-        for item in sorted(staging.iterdir()):  # each file replaced whole, with the umask's mode
-            shared_mode(item)
+        for item in sorted(staging.iterdir()):  # each file replaced whole; what we made gets the umask's mode
+            if item.name not in copied:
+                shared_mode(item)
             item.replace(out / item.name)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -83,6 +95,8 @@ def export(checkpoint: str, out: Path, squad: str | None, questions: int, int8: 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if cli.refuse_undecodable(argv):
+        return 2
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -28,12 +28,18 @@ from extractive_qa.data.batching import (
     model_inputs,
     training_batches,
 )
+from extractive_qa.data.features import vocabulary_sha256
 from extractive_qa.errors import ConfigError
 from extractive_qa.qa import model_card, outputs, qa_settings, squad_metric
 from extractive_qa.trial import dropout_masks, model_io, perf_metrics
 from extractive_qa.trial.callbacks import CheckpointRecord, HFExport, RankRandomState, RunLog, SearcherStop
 from extractive_qa.trial.evaluation import SquadEvaluator
-from extractive_qa.trial.optimization import build_optimizer, linear_warmup_decay, radam_warning
+from extractive_qa.trial.optimization import (
+    build_optimizer,
+    learning_rate_warning,
+    linear_warmup_decay,
+    radam_warning,
+)
 
 logger = logging.getLogger("squad")
 
@@ -64,6 +70,7 @@ class SquadTrial(pytorch.PyTorchTrial):
         if self.precision == "fp16" and context.device.type != "cuda":
             raise ConfigError("hyperparameters.precision: fp16 needs a CUDA GPU (use bf16 or fp32 on CPU).")
         self.load_data()
+        self.qa = dataclasses.replace(self.qa, vocabulary_sha256=vocabulary_sha256(self.tokenizer))
         self.latest_outputs: Any = None  # writes the latest validation's outputs (save_predictions)
         model = self.build_model()
         self.build_optimization(model)
@@ -155,9 +162,10 @@ class SquadTrial(pytorch.PyTorchTrial):
         )
         total = self.total_optimizer_steps()
         warmup = int(self.plan.hparams.warmup_ratio * total)
-        warning = radam_warning(self.plan.hparams, total, warmup)
-        if warning and context.distributed.rank == 0:
-            logger.warning(warning)
+        rate = learning_rate_warning(self.plan.learning_rate)
+        for warning in filter(None, (radam_warning(self.plan.hparams, total, warmup), rate)):
+            if context.distributed.rank == 0:
+                logger.warning(warning)
         self.lr_scheduler = context.wrap_lr_scheduler(
             torch.optim.lr_scheduler.LambdaLR(self.optimizer, linear_warmup_decay(total, warmup)),
             step_mode=pytorch.LRScheduler.StepMode.STEP_EVERY_OPTIMIZER_STEP,
@@ -291,6 +299,8 @@ class SquadTrial(pytorch.PyTorchTrial):
             "checkpoint_record": CheckpointRecord(
                 run_plan.run_identity(self.plan, self.experiment_name),
                 {self.plan.length.unit: self.plan.length.value},
+                self.train_set.sha256,
+                self.run_log,
             ),
         }
         info = det_internals.cluster_trial()

@@ -26,11 +26,18 @@ from pathlib import Path
 
 import numpy as np
 
+from extractive_qa import cli  # first: a Ctrl-C while the libraries load is one line
+from extractive_qa.config.schema import model_position_limit
 from extractive_qa.data import squad_files
 from extractive_qa.data.batching import assemble_logits, evaluation_batches, forward_params, model_inputs
-from extractive_qa.data.features import Features, build_features, load_tokenizer
-from extractive_qa.errors import DataError
-from extractive_qa.files import check_not_an_input, check_output_dir, check_output_file, write_text_atomic
+from extractive_qa.data.features import Features, build_features, load_tokenizer, vocabulary_sha256
+from extractive_qa.errors import ConfigError, DataError
+from extractive_qa.files import (
+    check_new_directory,
+    check_output_file,
+    check_outputs,
+    write_text_atomic,
+)
 from extractive_qa.qa import outputs, qa_settings
 from extractive_qa.qa.answers import Answers
 from extractive_qa.trial import model_io
@@ -95,7 +102,20 @@ class Predictor:
                 "writes it); the checkpoint is incomplete: copy it again."
             )
         self.tokenizer = load_tokenizer(str(hf))
+        saved = self.settings.vocabulary_sha256
+        if saved is not None and vocabulary_sha256(self.tokenizer) != saved:
+            raise DataError(
+                f"--checkpoint {checkpoint}: {hf / 'tokenizer.json'} is not the tokenizer this model "
+                f"was trained with (its vocabulary differs from the one {qa_settings.QA_SETTINGS} "
+                "records); copy the checkpoint's hf/ again."
+            )
         self.spec = self.settings.window_spec
+        limit = model_position_limit(str(hf))
+        if limit is not None and self.spec.max_seq_length > limit:
+            raise DataError(
+                f"{hf / qa_settings.QA_SETTINGS}: max_seq_length {self.spec.max_seq_length} is above "
+                f"the model's {limit} positions; the file is damaged or edited: re-export the checkpoint."
+            )
         self.batch_size = batch_size or self.settings.eval_batch_size
         self.null_threshold: float | None = None
         if runtime == "torch":
@@ -153,8 +173,14 @@ class Predictor:
                 f"--checkpoint {checkpoint}: an ONNX export (no PyTorch weights); answer with "
                 "--runtime onnx or --runtime onnx-int8."
             )
+        if not any(hf.glob("*.safetensors")) and any(hf.glob("*.bin")):
+            raise DataError(
+                f"--checkpoint {checkpoint}: {hf} holds pickled weights (pytorch_model.bin) only; "
+                "predict.py loads safetensors, which run no code. Re-save the model with "
+                "save_pretrained(..., safe_serialization=True)."
+            )
         try:
-            model = AutoModelForQuestionAnswering.from_pretrained(hf)
+            model = AutoModelForQuestionAnswering.from_pretrained(hf, use_safetensors=True)
         except Exception as err:  # truncated or foreign weights: name the files, not a traceback
             reason = str(err).splitlines()[0][:300] if str(err) else type(err).__name__
             raise DataError(
@@ -236,6 +262,8 @@ class Predictor:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if cli.refuse_undecodable(argv):
+        return 2
     parser = argparse.ArgumentParser(description="Answer questions with a SQuAD checkpoint.")
     parser.add_argument("--checkpoint", required=True, help="checkpoint dir, its hf/, or a UUID")
     parser.add_argument("--question")
@@ -280,17 +308,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     if single and (not (args.question or "").strip() or not (args.context or "").strip()):
         print("error: --question and --context must both be non-empty text.", file=sys.stderr)
         return 2
+    for flag, text in (("--question", args.question), ("--context", args.context)) if single else ():
+        if len(text) > squad_files.MAX_CONTEXT_CHARS:
+            limit = f"the limit is {squad_files.MAX_CONTEXT_CHARS:,} (SQuAD's longest context: ~25,000)"
+            print(f"error: {flag} is {len(text):,} characters; {limit}: split the text.", file=sys.stderr)
+            return 2
     if args.batch_size is not None and args.batch_size < 1:
         parser.error("--batch-size must be positive")
     try:
         if args.out:
             check_output_file(args.out.resolve(), "--out")
-        if args.out_dir:
-            check_output_dir(args.out_dir.resolve(), "--out-dir")
         written = {"--out": args.out} if args.out else {}
-        if args.out_dir:
+        if args.out_dir:  # a new directory, or one holding only what predict.py writes there
+            check_new_directory(args.out_dir.resolve(), "--out-dir", outputs.OUTPUT_FILES)
             written |= {f"--out-dir ({name})": args.out_dir / name for name in outputs.OUTPUT_FILES}
-        check_not_an_input(written, {"--squad": Path(args.squad) if args.squad else None})
+        read = {"--squad": Path(args.squad) if args.squad else None, "--checkpoint": Path(args.checkpoint)}
+        check_outputs(written, read)
         predictor = Predictor(args.checkpoint, args.device, args.batch_size, args.precision, args.runtime)
         predictor.null_threshold_from(args.null_threshold)
         if single:
@@ -319,7 +352,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.out_dir:
                 nbest = predictor.settings.nbest(squad.examples, features, start_logits, end_logits)
                 result |= outputs.write_outputs(args.out_dir, squad.examples, answers, nbest)
-    except DataError as err:
+    except (DataError, ConfigError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except OSError as err:  # a write failing after the work (a full disk): what, where, why

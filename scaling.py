@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from extractive_qa import cli  # first: a Ctrl-C while the libraries load is one line
 from extractive_qa.config import experiment, run_plan
 from extractive_qa.config.settings import OPTIMIZERS, Hyperparameters
 from extractive_qa.errors import ConfigError, DataError, ScalingError
@@ -352,15 +353,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if cli.refuse_undecodable(argv):
+        return 2
     args = parse_args(argv)
     try:
         if args.command in ("launch", "report") and not args.master and not getattr(args, "dry_run", False):
             raise ScalingError("--master URL (or DET_MASTER) is required for launch and report.")
         if args.command in ("report", "local"):  # a directory the report goes to, before any work
             check_output_dir(args.out.resolve(), "--out")
-        if args.command == "report":
-            from extractive_qa import scaling_runs
+        from extractive_qa import scaling_runs
 
+        if args.command == "report":
             report = build_report(scaling_runs.from_cluster(args.master, args.study), args.study)
             paths = write_report(report, args.out)
             print(json.dumps({"study": args.study, "written": [str(p) for p in paths]}))
@@ -378,15 +381,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                     row = {"name": v.name, "learning_rate": v.learning_rate, **counts, "config": v.config}
                     print(json.dumps(row))
                 return 0
-            from extractive_qa import scaling_runs
-
             ids = scaling_runs.launch(scaling_runs.connect(args.master), series)
             print(json.dumps({"study": args.study, "experiments": ids}))
             return 0
         if args.batches < 1:
             raise ScalingError("--batches must be a positive integer.")
-        from extractive_qa import scaling_runs
-
         runs = scaling_runs.run_local(series, args.batches, args.out)
         paths = write_report(build_report(runs, args.study), args.out)
         print(json.dumps({"study": args.study, "written": [str(p) for p in paths]}))

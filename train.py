@@ -12,23 +12,23 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import logging
 import os
-import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from extractive_qa import compat, det_internals
+from extractive_qa import cli, compat, det_internals  # cli first: a Ctrl-C while the rest loads
 from extractive_qa.config import run_plan
-from extractive_qa.config.experiment import from_cluster, from_command_line, load_experiment
-from extractive_qa.config.settings import settings_help
+from extractive_qa.config.experiment import from_cluster, from_command_line, settings_table
 from extractive_qa.dry_run import dry_run
 from extractive_qa.errors import ConfigError, DataError
-from extractive_qa.files import check_not_an_input, check_output_file, write_text_atomic
+from extractive_qa.files import check_output_file, check_outputs, write_text_atomic
 from extractive_qa.trial import callbacks, interruption
+from extractive_qa.trial.checkpoint_rewrite import expected_for_plan
 from extractive_qa.trial.checkpoint_storage import (
     check_free_space,
     check_local_storage,
@@ -38,7 +38,9 @@ from extractive_qa.trial.checkpoint_storage import (
     write_failure_error,
 )
 from extractive_qa.trial.checkpoints import (
+    check_same_data,
     check_same_run,
+    finished_resume,
     note_length_change,
     prepare_resume,
     resume_from,
@@ -186,7 +188,10 @@ def train_run(
             data = source.exp_conf.get("data") or {}
             inputs = {f"data.{k}": ROOT / data[k] for k in DATA_FILES if data.get(k)}
             inputs["--config"] = args.config
-            check_not_an_input({"--metrics-out": args.metrics_out}, inputs)
+            inputs["--checkpoint-dir"] = args.checkpoint_dir  # the checkpoints a resume reads
+            if isinstance(args.resume, Path):
+                inputs["--resume"] = args.resume
+            check_outputs({"--metrics-out": args.metrics_out}, inputs)
     distributed = join_process_group(source.on_cluster, plan.collective_timeout_s)
     if not source.on_cluster:
         os.chdir(ROOT)
@@ -196,14 +201,24 @@ def train_run(
         if args.resume:
             identity = run_plan.run_identity(plan, source.exp_conf.get("name"))
             resume = resume_from(args.resume, args.checkpoint_dir, identity)
-            if resume is not None:  # Determined restores a private, checked copy
+            if resume is not None:  # Determined restores a private copy, rewritten from the decoded one
                 storage = args.checkpoint_dir / "determined"
-                private, source.steps_completed = prepare_resume(resume, storage)
-                source.latest_checkpoint = private.name
-                cleanup.callback(shutil.rmtree, private, ignore_errors=True)
-                if args.resume not in ("auto", "latest"):  # those pick only this run's checkpoints
-                    check_same_run(private, identity, args.allow_changed, shown=resume)
-                note_length_change(private, {plan.length.unit: plan.length.value})
+                same_run = None  # `auto` and `latest` pick only this run's checkpoints
+                if args.resume not in ("auto", "latest"):
+                    same_run = functools.partial(
+                        check_same_run, identity=identity, allow_changed=args.allow_changed, shown=resume
+                    )
+                expected = expected_for_plan(plan)
+                private, steps = prepare_resume(resume, storage, expected, "--resume", same_run)
+                source.steps_completed = steps
+                cleanup.callback(private.remove)
+                source.latest_checkpoint = private.path.name
+                source.resumed, source.resumed_copy = resume, private.path
+                note_length_change(private.path, {plan.length.unit: plan.length.value})
+                if plan.length.unit == "batches":  # epochs: once the trial knows their length
+                    done = finished_resume(args.resume, source, plan.length.value)
+                    if done is not None:
+                        return done if distributed is None or distributed.rank == 0 else None
     compat.allow_determined_checkpoints()
 
     with (
@@ -212,11 +227,20 @@ def train_run(
         pytorch.init(**plan.init_kwargs(source.exp_conf), distributed=distributed) as context,
     ):
         if source.checkpoint_path is not None:  # before the model and data are loaded
-            private = verify_on_chief(context.distributed, source.checkpoint_path, "DET_LATEST_CHECKPOINT")
-            source.latest_checkpoint = private  # every rank restores the chief's checked copy
-            if context.distributed.rank == 0:
-                cleanup.callback(shutil.rmtree, source.checkpoint_path.parent / private, ignore_errors=True)
+            expected = functools.partial(expected_for_plan, plan)
+            name, private = verify_on_chief(
+                context.distributed, source.checkpoint_path, "DET_LATEST_CHECKPOINT", expected
+            )
+            source.latest_checkpoint = name  # every rank restores the chief's rewritten copy
+            if private is not None:
+                cleanup.callback(private.remove)
         trial = (trial_class or model_def.SquadTrial)(context)
+        if source.resumed is not None:  # the data read and the length known: before any training
+            check_same_data(source.resumed_copy, trial.train_set.sha256, args.allow_changed, source.resumed)
+            total = run_plan.total_batches(plan.length, trial.batches_per_epoch())
+            done = finished_resume(args.resume, source, total)
+            if done is not None:
+                return done if context.distributed.rank == 0 else None
         series = None
         if args.metrics_out and context.distributed.rank == 0:
             series = trial.extra_callbacks["metric_series"] = callbacks.MetricSeries(trial.run_log)
@@ -314,36 +338,13 @@ def write_metrics(
     write_text_atomic(path, json.dumps(record, indent=1))
 
 
-def print_settings(config: Path, overrides: list[str]) -> None:
-    """Every setting: the code's default, the value `config` (with --set) gives it, its meaning."""
-    conf = load_experiment(config, overrides)
-    given = {f"hyperparameters.{k}": v for k, v in (conf.get("hyperparameters") or {}).items()}
-    given.update({f"data.{k}": v for k, v in (conf.get("data") or {}).items()})
-
-    def shown(value: Any) -> str:
-        if isinstance(value, dict) and value.get("type") == "const":
-            value = value.get("val")
-        elif isinstance(value, dict) and "type" in value:
-            return f"searched ({value['type']})"
-        return value if value == "(required)" else json.dumps(value)
-
-    header = ("setting", "default", config.name, "meaning")
-    rows = [header] + [
-        (name, shown(default), shown(given[name]) if name in given else "(default)", help_text)
-        for name, default, help_text in settings_help()
-    ]
-    # Aligned columns; a long value (a URL) overflows its column rather than widening it.
-    widths = [min(36, max(len(row[i]) for row in rows)) for i in range(3)]
-    for row in rows:
-        cells = (f"{cell:<{width}}" for cell, width in zip(row[:3], widths, strict=False))
-        print("  ".join(cells) + "  " + row[3])
-
-
 def main(argv: Sequence[str] | None = None) -> int:
+    if cli.refuse_undecodable(argv):
+        return 2
     args = parse_args(argv)
     if args.settings:
         try:
-            print_settings(args.config, args.overrides)
+            print("\n".join(settings_table(args.config, args.overrides)))
         except ConfigError as err:
             print(f"error: {err}", file=sys.stderr)
             return 2

@@ -13,6 +13,7 @@ both and join the process group ourselves.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import Iterator
 from pathlib import Path
@@ -234,14 +235,27 @@ def rfc3339_seconds(text: str) -> float:
     return whole + float("0." + (m.group(2) or "0"))
 
 
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+@functools.lru_cache(maxsize=8)
+def _detignore_spec(root: Path, mtime: float) -> Any:
+    """The matcher of root's .detignore (built once per file version: a walk asks per folder)."""
+    from determined.common import detignore
+
+    return detignore._build_detignore_pathspec(root)
+
+
 def uploaded(root: Path, path: Path) -> bool:
     """Whether `path` (inside `root`) is part of what Determined uploads with the experiment and
     copies into every local checkpoint's code/: not excluded by root's .detignore. Determined's
     own matcher (common/detignore.py `_build_detignore_pathspec`, private), so the answer is
     the one its context reader and checkpoint copy give."""
-    from determined.common import detignore
-
-    spec = detignore._build_detignore_pathspec(root)
+    spec = _detignore_spec(root, _mtime(root / ".detignore"))
     relative = path.relative_to(root)
     for depth in range(1, len(relative.parts) + 1):
         part = Path(*relative.parts[:depth]).as_posix()

@@ -19,10 +19,10 @@ from extractive_qa.config.experiment import asha_brackets, from_command_line
 from extractive_qa.config.run_plan import Length, RunPlan, batches_per_epoch, optimizer_steps, total_batches
 from extractive_qa.config.settings import DataSettings, WindowSpec
 from extractive_qa.data.flat_squad import DATASETS_PREFIX
-from extractive_qa.errors import DataError
+from extractive_qa.errors import ConfigError, DataError
 from extractive_qa.files import ROOT
 from extractive_qa.trial.model_io import local_device, resolve_precision
-from extractive_qa.trial.optimization import radam_warning
+from extractive_qa.trial.optimization import learning_rate_warning, radam_warning
 
 
 def dry_run(args: argparse.Namespace) -> dict[str, Any]:
@@ -39,14 +39,28 @@ def dry_run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def not_uploaded(data: DataSettings, root: Path) -> list[str]:
-    """Relative data files a cluster trial would not find: outside the project or left out of
-    the upload by .detignore (the trial's working directory is the upload)."""
+    """Data files a cluster trial would not find: relative ones outside the project or left out
+    of the upload by .detignore (the trial's working directory is the upload), absolute ones not
+    on this machine (a warning: they may be on the cluster's). A relative path to nothing is an
+    error: it is nowhere."""
     warnings = []
     for field in ("train_file", "validation_file"):
         given = str(getattr(data, field))
-        if given.startswith(("http://", "https://", DATASETS_PREFIX)) or Path(given).is_absolute():
+        if given.startswith(("http://", "https://", DATASETS_PREFIX)):
+            continue
+        if Path(given).is_absolute():
+            if not Path(given).exists():
+                warnings.append(
+                    f"data.{field} {given} is not on this machine: a cluster trial finds it only if "
+                    "its machines have it at that path (shared storage, a bind mount)."
+                )
             continue
         path = (root / given).resolve()
+        if not path.exists():
+            raise ConfigError(
+                f"data.{field} {given}: no such file in the project directory {root} (a config's "
+                "relative paths start there), so neither this machine nor a cluster trial has it."
+            )
         inside = path.is_relative_to(root.resolve())
         if not inside or not det_internals.uploaded(root.resolve(), path):
             why = "is left out of the upload by .detignore" if inside else "is outside the project directory"
@@ -260,6 +274,8 @@ def _warnings(
             "global_batch_size / aggregation_frequency."
         )
     if (advice := radam_warning(hp, steps, warmup)) is not None:
+        found.append(advice)
+    if (advice := learning_rate_warning(plan.learning_rate)) is not None:
         found.append(advice)
     every = (validations or {}).get("every_batches")
     if every and every // agg < MIN_STEPS_PER_VALIDATION:

@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from extractive_qa.det_internals import uploaded
 from extractive_qa.errors import DataError
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository root: entry scripts and YAMLs
@@ -83,13 +84,84 @@ def check_output_dir(path: Path, flag: str) -> None:
         raise DataError(f"{flag} {path}: {existing} is not writable.")
 
 
-def check_not_an_input(outputs: dict[str, Path], inputs: dict[str, Path | None]) -> None:
-    """Before any work: no output is one of the command's inputs (`--out` = `--squad` would
-    replace the data set with its answers, `--metrics-out` = `--config` the config)."""
+def check_outputs(
+    outputs: dict[str, Path],
+    inputs: dict[str, Path | None],
+    *,
+    new_files_in_upload: bool = False,
+) -> None:
+    """Before any work, for every writer (train.py --metrics-out, predict.py, export.py, data.py
+    --convert): no output lands on an input. Paths are resolved to the end (every link followed),
+    then an output is refused when it
+
+    - is an input, or lies inside an input directory (a checkpoint being read: `--out
+      CK/hf/model.safetensors` would replace the model the command is reading);
+    - lies inside the project directory that `det experiment create` uploads and every local
+      checkpoint copies into its code/ (outside .detignore) -- except, with `new_files_in_upload`,
+      a file that does not exist yet (data.py --convert: converted data may be meant to travel
+      with the experiment; an existing project file is never replaced).
+    """
+    project = Path(os.path.realpath(ROOT))
     for out_flag, output in outputs.items():
+        target = Path(os.path.realpath(output))
         for in_flag, given in inputs.items():
-            if given is not None and Path(given).exists() and output.resolve() == Path(given).resolve():
+            if given is None or not (Path(given).exists() or Path(given).is_symlink()):
+                continue
+            source = Path(os.path.realpath(given))
+            if target == source:
                 raise DataError(
                     f"{out_flag} {output}: is the input given as {in_flag}; writing there would "
                     "replace it. Choose another output name."
                 )
+            if source.is_dir() and target.is_relative_to(source):
+                raise DataError(
+                    f"{out_flag} {output}: is inside {source}, which this command reads ({in_flag}); "
+                    "writing there would change what it reads. Choose an output outside it."
+                )
+        if target == project or (target.is_relative_to(project) and uploaded(project, target)):
+            if new_files_in_upload and not target.exists() and target != project:
+                continue
+            raise DataError(
+                f"{out_flag} {output}: is inside the project directory, which `det experiment create` "
+                "uploads and every local checkpoint copies (code/); it could replace a project file "
+                "and would travel with every experiment. Write it outside the project, or under a "
+                "name .detignore leaves out (runs/, answers/, exported/, preds.json)."
+            )
+
+
+def check_new_directory(path: Path, flag: str, own_files: tuple[str, ...] = ()) -> None:
+    """Before any work: `path` is a directory to create, or one that holds nothing but `own_files`
+    (what this command itself writes there, from an earlier run): another directory's files are
+    never mixed with or replaced by ours."""
+    check_output_dir(path, flag)
+    if not path.is_dir():
+        return
+    foreign = sorted(p.name for p in path.iterdir() if p.name not in own_files)
+    if foreign:
+        listed = ", ".join(foreign[:3]) + (" ..." if len(foreign) > 3 else "")
+        raise DataError(
+            f"{flag} {path}: already holds files this command did not write ({listed}); give a new "
+            "directory (it is created) or an empty one."
+        )
+
+
+def copy_plain_file(source: Path, target: Path) -> None:
+    """Copy a file's bytes, never through a link (a link is refused, not followed), with the
+    source's mode narrowed by the umask and never widened: a 0600 file stays 0600."""
+    import shutil
+    import stat
+
+    try:
+        fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as err:
+        reason = f"not a plain file ({err.strerror}); only plain files are copied"
+        raise DataError(f"{source}: {reason}.") from None
+    with os.fdopen(fd, "rb") as src:
+        info = os.fstat(src.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise DataError(f"{source}: not a regular file; copy only the files it holds.")
+        with open(target, "wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(target, stat.S_IMODE(info.st_mode) & 0o666 & ~umask)

@@ -161,11 +161,16 @@ def test_the_dry_run_asks_no_network() -> None:
     assert time.perf_counter() - started < 20
 
 
-def test_a_relative_data_file_outside_the_upload_is_warned_of() -> None:
+def test_a_relative_data_file_outside_the_upload_is_warned_of(tmp_path: Path) -> None:
     """A cluster trial works in the upload: a relative file .detignore leaves out, or one outside
-    the project, is not there (a local run still finds it)."""
+    the project, is not there (a local run still finds it). One that is nowhere: bad_configs."""
+    import os
+    import shutil
+
     left_out = dry(ROOT / "local.yaml", "--set", "data.train_file=squad_data/train-v1.1-excerpt.json")
     assert any("left out of the upload by .detignore" in w for w in left_out["warnings"])
-    outside = dry(ROOT / "local.yaml", "--set", "data.validation_file=../elsewhere/dev.json")
+    elsewhere = shutil.copy(ROOT / "squad_data" / "dev-v1.1-excerpt.json", tmp_path / "dev.json")
+    relative = os.path.relpath(elsewhere, ROOT)
+    outside = dry(ROOT / "local.yaml", "--set", f"data.validation_file={relative}")
     assert any("data.validation_file" in w and "outside the project" in w for w in outside["warnings"])
     assert not any("upload" in w for w in dry(ROOT / "local.yaml")["warnings"])

@@ -89,7 +89,7 @@ def test_export_twice_gives_the_same_files(trained: tuple[Path, dict], tmp_path:
 
 def test_export_refusals(trained: tuple[Path, dict], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     checkpoint, _ = trained
-    with pytest.raises(DataError, match="is inside the checkpoint"):
+    with pytest.raises(DataError, match="which this command reads .--checkpoint"):
         export.export(str(checkpoint), checkpoint / "hf" / "onnx", None, 16, int8=False)
     with pytest.raises(DataError, match="has no model.onnx; write it with `python3 export.py"):
         predict.Predictor(str(checkpoint), runtime="onnx")

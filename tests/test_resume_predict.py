@@ -209,7 +209,7 @@ def test_qa_settings_from_before_precision_was_saved_load_as_fp32(trained, tmp_p
         (["--checkpoint", "/nope", "--question", "q", "--context", "c"], "no such directory"),
         (["--question", "q", "--context", "c"], "not a checkpoint of this project"),
         (["--question", " ", "--context", "c"], "must both be non-empty"),
-        (["--squad", "/nope.json", "--out", "x.json"], "no such file"),
+        (["--squad", "/nope.json", "--out", "OUT/x.json"], "no such file"),
         (
             ["--checkpoint", "0b1c2d3e-0000-4000-8000-000000000000", "--question", "q", "--context", "c"],
             "DET_MASTER",
@@ -221,7 +221,7 @@ def test_predict_errors(args: list[str], message: str, trained, tmp_path: Path) 
     if "--checkpoint" not in args:
         foreign = tmp_path if "--question" in args and args[1] == "q" else ckpt
         args = ["--checkpoint", str(foreign), *args]
-    out = _predict(*args)
+    out = _predict(*(a.replace("OUT", str(tmp_path)) for a in args))
     assert out.returncode == 2 and message in out.stderr, out.stderr
     assert "Traceback" not in out.stderr
 
@@ -301,3 +301,65 @@ def test_a_checkpoint_from_before_the_stage_layout_resumes_exactly(tmp_path: Pat
         return
     for key in ("exact_match", "f1", "last_train_loss"):
         assert result[key] == pytest.approx(expected[key], abs=1e-6), key
+
+
+# --------------------------------------------------------------------------------------------
+# A resume of other data, and one with nothing left to train.
+# --------------------------------------------------------------------------------------------
+
+
+def test_changed_training_data_at_the_same_path_is_refused(trained, tmp_path: Path, caplog) -> None:
+    """The same data.train_file path with other questions in it is another run: refused as
+    changed settings are (both digests named), continued with --allow-changed."""
+    import yaml
+
+    from tests.support.project import trained_config
+
+    checkpoint, _ = trained
+    conf = yaml.safe_load(trained_config(checkpoint).read_text())
+    original = Path(conf["data"]["train_file"])
+    edited = json.loads(original.read_text())
+    edited["data"][0]["paragraphs"] = edited["data"][0]["paragraphs"][:-1]  # one paragraph fewer
+    train = tmp_path / original.name
+    train.write_text(json.dumps(edited))
+    conf["data"]["train_file"] = str(train)
+    config = tmp_path / "exp.yaml"
+    config.write_text(yaml.safe_dump(conf))
+    args = ["--config", str(config), "--batches", "8", "--checkpoint-dir", str(tmp_path / "c")]
+    # the same path, other content: the checkpoint's own record says so
+    record_dir = tmp_path / "same-path"
+    shutil.copytree(checkpoint, record_dir)
+    record = json.loads((record_dir / "experiment.json").read_text())
+    record["identity"]["data.train_file"] = str(train)
+    (record_dir / "experiment.json").write_text(json.dumps(record))
+    code, _, err = run_train([*args, "--resume", str(record_dir)])
+    _refused(code, err, "the training data differ", "--allow-changed")
+    with caplog.at_level("WARNING", logger="squad"):
+        code, result, err = run_train([*args, "--resume", str(record_dir), "--allow-changed"])
+    assert code == 0 and result["steps_completed"] == 8, err[-3000:]
+    assert "with changed data (--allow-changed)" in caplog.text
+
+
+def _refused(code: int, err: str, *needles: str) -> None:
+    assert code == 2 and "Traceback" not in err, err[-3000:]
+    for needle in needles:
+        assert needle in err, (needle, err[-3000:])
+
+
+def test_a_length_that_trains_nothing(trained, tmp_path: Path, caplog) -> None:
+    """--resume DIR with --batches not beyond the checkpoint's: refused, saying how to continue.
+    --resume auto on a finished run: exit 0 with the scores its checkpoint recorded."""
+    from tests.support.project import trained_config
+
+    checkpoint, trained_result = trained
+    config = str(trained_config(checkpoint))
+    code, _, err = run_train(["--config", config, "--resume", str(checkpoint), "--batches", "6",
+                              "--checkpoint-dir", str(tmp_path / "c")])  # fmt: skip
+    _refused(code, err, "has trained 6 batches", "nothing is left to train", "--batches")
+    with caplog.at_level("INFO", logger="squad"):
+        code, result, err = run_train(["--config", config, "--resume", "auto", "--batches", "6",
+                                       "--checkpoint-dir", str(checkpoint.parents[1])])  # fmt: skip
+    assert code == 0, err[-3000:]
+    assert result["already_finished"] is True and result["steps_completed"] == 6
+    assert result["f1"] == pytest.approx(trained_result["f1"]) and result["checkpoint"] == str(checkpoint)
+    assert "already finished" in caplog.text

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import json
 import math
 import re
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ import yaml
 
 from extractive_qa import det_internals
 from extractive_qa.config.schema import SEARCHER_KEYS, SECTION_KEYS, TOP_LEVEL_KEYS, check_config
-from extractive_qa.config.settings import DataSettings, Hyperparameters
+from extractive_qa.config.settings import DataSettings, Hyperparameters, settings_help
 from extractive_qa.errors import ConfigError
 
 # --------------------------------------------------------------------------------------------
@@ -29,7 +30,23 @@ from extractive_qa.errors import ConfigError
 class _Loader(yaml.SafeLoader):
     """PyYAML reads YAML 1.1, where `3e-5` (no dot) is text; the master's Go YAML and JSON read
     it as a number. Resolving such scalars as floats makes a YAML, its JSON as the master hands
-    it, and a --set value mean the same thing here as on a cluster."""
+    it, and a --set value mean the same thing here as on a cluster. A key given twice in one
+    mapping is an error (PyYAML would keep the last one silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, (str, int, float, bool)):
+                continue  # unhashable keys: the base class says what is wrong with them
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} is given twice in this mapping", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep)
 
 
 _Loader.add_implicit_resolver(
@@ -232,6 +249,8 @@ class Source:
     latest_checkpoint: str | None = None  # a storage id (cluster) or local checkpoint name
     steps_completed: int = 0
     checkpoint_path: Path | None = None  # a cluster's latest checkpoint on shared_fs, to verify
+    resumed: Path | None = None  # a local run's checkpoint to continue, as --resume named it
+    resumed_copy: Path | None = None  # its rewritten private copy, which Determined restores
 
 
 def from_cluster(info: Any) -> Source:
@@ -260,3 +279,31 @@ def from_command_line(args: argparse.Namespace, slots: int) -> Source:
         else:
             hparams["train_length"] = {"batches": args.batches} if args.batches else {"epochs": args.epochs}
     return Source(exp_conf=exp_conf, hparams=hparams, slots=slots, on_cluster=False)
+
+
+def settings_table(config: Path, overrides: list[str]) -> list[str]:
+    """`train.py --settings`: every setting's line -- the code's default, the value `config` (with
+    --set) gives it, its meaning."""
+    conf = load_experiment(config, overrides)
+    given = {f"hyperparameters.{k}": v for k, v in (conf.get("hyperparameters") or {}).items()}
+    given.update({f"data.{k}": v for k, v in (conf.get("data") or {}).items()})
+
+    def shown(value: Any) -> str:
+        if isinstance(value, dict) and value.get("type") == "const":
+            value = value.get("val")
+        elif isinstance(value, dict) and "type" in value:
+            return f"searched ({value['type']})"
+        return value if value == "(required)" else json.dumps(value)
+
+    header = ("setting", "default", config.name, "meaning")
+    rows = [header] + [
+        (name, shown(default), shown(given[name]) if name in given else "(default)", help_text)
+        for name, default, help_text in settings_help()
+    ]
+    # Aligned columns; a long value (a URL) overflows its column rather than widening it.
+    widths = [min(36, max(len(row[i]) for row in rows)) for i in range(3)]
+    lines = []
+    for row in rows:
+        cells = (f"{cell:<{width}}" for cell, width in zip(row[:3], widths, strict=False))
+        lines.append("  ".join(cells) + "  " + row[3])
+    return lines

@@ -287,8 +287,8 @@ def optimizer_steps(batches: int, aggregation_frequency: int) -> int:
 # training length (extending a run is normal; the schedule is re-planned for the new total) and
 # what only changes speed or memory (precision, batching, attention, gradient checkpointing).
 IDENTITY_RECORD = "experiment.json"  # in every checkpoint: {"identity": run_identity(...)}
-IDENTITY_DATA = ("pretrained_model", "train_file", "squad_version", "max_seq_length", "doc_stride",
-                 "max_query_length")  # fmt: skip
+IDENTITY_DATA = ("pretrained_model", "train_file", "max_train_examples", "squad_version", "max_seq_length",
+                 "doc_stride", "max_query_length")  # fmt: skip
 IDENTITY_HPARAMS = ("global_batch_size", "learning_rate", "lr_scaling", "reference_batch_size",
                     "weight_decay", "warmup_ratio", "adam_epsilon", "adam_beta1", "adam_beta2",
                     "max_grad_norm", "optimizer")  # fmt: skip

@@ -57,8 +57,8 @@ class WindowSpec:
 
 def setting(default: Any = dataclasses.MISSING, help: str = "", **check: Any) -> Any:  # noqa: A002
     """A settings field: its default, help text (train.py --settings prints it) and checks:
-    `choices`, `minimum` (inclusive), `above` (exclusive lower bound), `below` (exclusive upper
-    bound)."""
+    `choices`, `minimum` / `maximum` (inclusive), `above` (exclusive lower bound), `below`
+    (exclusive upper bound)."""
     return dataclasses.field(default=default, metadata={"help": help, **check})
 
 
@@ -68,7 +68,11 @@ class Hyperparameters:
     length, `train_length`, is read by training_length() and is not one of these fields."""
 
     global_batch_size: int = setting(
-        12, "samples per batch over all slots; a multiple of resources.slots_per_trial", minimum=1
+        12,
+        "samples per batch over all slots; a multiple of resources.slots_per_trial",
+        minimum=1,
+        maximum=65536,
+        why_maximum="the largest batches BERT has been trained with",
     )
     learning_rate: float = setting(
         3e-5,
@@ -178,14 +182,20 @@ class DataSettings:
         0.0, "v2.0: answer 'no answer' when its score beats the best span's by more than this"
     )
     eval_batch_size: int | None = setting(
-        None, "windows per evaluation batch per slot; default: twice the per-slot training batch", minimum=1
+        None,
+        "windows per evaluation batch per slot; default: twice the per-slot training batch",
+        minimum=1,
+        maximum=65536,
+        why_maximum="a batch of windows held in memory at once",
     )
     save_predictions: bool = setting(
         False,
         "write the latest validation's predictions.json, null_odds.json and nbest_predictions.json "
         "into every checkpoint's predictions/",
     )
-    num_workers: int = setting(0, "DataLoader worker processes", minimum=0)
+    num_workers: int = setting(
+        0, "DataLoader worker processes", minimum=0, maximum=64, why_maximum="a process each, per slot"
+    )
 
     def eval_batch_size_per_slot(self, per_slot_batch_size: int) -> int:
         """Windows per evaluation batch per slot: eval_batch_size, else twice the training batch."""
@@ -213,6 +223,8 @@ def _checked(field: dataclasses.Field, kind: Any, value: Any, where: str) -> Any
         raise ConfigError(f"{where}: expected a string, got {value!r}.")
     if "minimum" in meta and value < meta["minimum"]:
         raise ConfigError(f"{where}: must be >= {meta['minimum']}, got {value!r}.")
+    if "maximum" in meta and value > meta["maximum"]:
+        raise ConfigError(f"{where}: must be <= {meta['maximum']:,} ({meta['why_maximum']}), got {value!r}.")
     if "above" in meta and not value > meta["above"]:
         raise ConfigError(f"{where}: must be > {meta['above']}, got {value!r}.")
     if "below" in meta and not value < meta["below"]:

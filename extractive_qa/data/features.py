@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import json
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -41,6 +42,13 @@ def load_tokenizer(name: str, local_only: bool = False) -> Any:
             "offsets, which only fast (Rust) tokenizers give. Use a model with tokenizer.json."
         )
     return tokenizer
+
+
+def vocabulary_sha256(tokenizer: Any) -> str:
+    """The tokenizer's vocabulary (token -> id), as a digest: another tokenizer of the same size
+    gives another digest (qa_settings.json keeps it; predict.py compares)."""
+    items = sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])
+    return hashlib.sha256(json.dumps(items, ensure_ascii=False).encode()).hexdigest()
 
 
 def tokenizer_fingerprint(tokenizer: Any) -> str:

@@ -109,8 +109,9 @@ def _nested_questions(path: Path, doc: dict[str, Any]) -> Iterator[Question]:
             if not isinstance(qas, list):
                 raise DataError(f"{where}: missing 'qas' list.")
             for q, qa in enumerate(qas):
-                if not isinstance(qa, dict) or not isinstance(qa.get("id"), str) or not qa["id"]:
-                    raise DataError(f"{where} question {q}: missing 'id'.")
+                if not isinstance(qa, dict):
+                    raise DataError(f"{where} question {q}: not an object with 'id', 'question', 'answers'.")
+                _check_id(qa.get("id"), f"{where} question {q}")
                 yield where, title if isinstance(title, str) else "?", context, qa
 
 
@@ -132,9 +133,14 @@ def _checked(
     for where, title, context, qa in questions:
         if not isinstance(context, str) or not context.strip():
             raise DataError(f"{where}: missing or empty 'context'.")
+        if len(context) > MAX_CONTEXT_CHARS:
+            raise DataError(
+                f"{where}: 'context' is {len(context):,} characters; the limit is {MAX_CONTEXT_CHARS:,} "
+                "(SQuAD's longest is about 25,000). Split it into paragraphs of their own."
+            )
+        _check_text(context, "context", where)
         qid = qa.get("id") if isinstance(qa, dict) else None
-        if not isinstance(qid, str) or not qid:
-            raise DataError(f"{where}: missing 'id'.")
+        _check_id(qid, where)
         if qid in seen:
             raise DataError(f"{where} question id {qid}: duplicate question id; ids must be unique.")
         seen.add(qid)
@@ -213,11 +219,40 @@ def _read_json(path: Path, text: str) -> Any:
     return doc
 
 
+# Windows per context grow with its length (and tokenizing it holds every offset): a 100 MB
+# context would take gigabytes before the first window. 40x SQuAD's longest paragraph.
+MAX_CONTEXT_CHARS = 1_000_000
+
+
+def _check_text(text: str, field: str, where: str) -> None:
+    """Text that UTF-8 can hold: a JSON escape such as \\ud800 decodes to a lone surrogate, which
+    no tokenizer or output file takes."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        code = ord(text[err.start])
+        raise DataError(
+            f"{where}: '{field}' holds a lone surrogate (\\u{code:04x}) at character {err.start}, "
+            "which is not text; fix that escape in the file."
+        ) from None
+
+
+def _check_id(qid: Any, where: str) -> None:
+    if qid is None:
+        raise DataError(f"{where}: missing 'id'.")
+    if not isinstance(qid, str) or not qid:
+        raise DataError(f"{where}: 'id' must be a non-empty string, got {qid!r}.")
+
+
 def _question(qa: dict[str, Any], context: str, place: str, v2_file: bool) -> Example:
     """One checked question. No answers is allowed only where the file is v2.0 (`v2_file`)."""
     question = qa.get("question")
     if not isinstance(question, str) or not question.strip():
         raise DataError(f"{place}: missing or empty 'question'.")
+    _check_text(question, "question", place)
+    if len(question) > MAX_CONTEXT_CHARS:
+        limit = f"the limit is {MAX_CONTEXT_CHARS:,}"
+        raise DataError(f"{place}: 'question' is {len(question):,} characters; {limit}.")
     impossible = bool(qa.get("is_impossible", False))
     answers = qa.get("answers")
     if not isinstance(answers, list):
@@ -225,8 +260,12 @@ def _question(qa: dict[str, Any], context: str, place: str, v2_file: bool) -> Ex
     for ans in answers:
         if not isinstance(ans, dict) or not isinstance(ans.get("text"), str):
             raise DataError(f"{place}: each answer needs 'text' and 'answer_start'.")
+        _check_text(ans["text"], "answers' text", place)
         start = ans.get("answer_start")
-        if not isinstance(start, int) or not 0 <= start < len(context):
+        if not isinstance(start, int) or isinstance(start, bool):
+            what = "a whole number (a character offset)"
+            raise DataError(f"{place}: answer_start must be {what}, not {start!r}.")
+        if not 0 <= start < len(context):
             raise DataError(
                 f"{place}: answer_start {start!r} is outside the context (length {len(context)})."
             )

@@ -157,6 +157,19 @@ class OnnxLogits:
             reason = str(err).splitlines()[0][:300] if str(err) else type(err).__name__
             raise DataError(f"{path}: ONNX Runtime cannot load it ({reason}); export it again.") from None
         self.names = [i.name for i in self.session.get_inputs()]
+        outputs = [o.name for o in self.session.get_outputs()]
+        # export_onnx's names: a model with other inputs or outputs would fail inside ONNX Runtime
+        # at the first batch (or be fed the wrong tensors) -- named here instead.
+        if not set(self.names) <= set(INPUT_NAMES) or "input_ids" not in self.names:
+            raise DataError(
+                f"{path}: its inputs are {self.names}, not export.py's ({', '.join(INPUT_NAMES)}); "
+                "export it again with export.py."
+            )
+        if not set(OUTPUT_NAMES) <= set(outputs):
+            raise DataError(
+                f"{path}: its outputs are {outputs}, not export.py's ({', '.join(OUTPUT_NAMES)}); "
+                "export it again with export.py."
+            )
 
     def __call__(self, inputs: dict[str, Any]) -> Logits:
         feed = {name: np.asarray(inputs[name], dtype=np.int64) for name in self.names}

@@ -44,6 +44,9 @@ class QASettings:
     # script's best_f1_thresh); predict.py --null-threshold tuned applies it. Tuned on the
     # validation set itself: scores on that set at this threshold are optimistic.
     tuned_null_threshold: float | None = None
+    # The digest of the tokenizer's vocabulary the run trained with (features.vocabulary_sha256):
+    # predict.py refuses a tokenizer.json of another vocabulary, even one of the same size.
+    vocabulary_sha256: str | None = None
 
     @classmethod
     def from_run(

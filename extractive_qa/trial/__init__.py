@@ -1,2 +1,3 @@
 """The trial in Determined: model_io, optimization, dropout_masks, perf_metrics, evaluation,
-progress, interruption, callbacks, launch, checkpoints, checkpoint_storage."""
+progress, interruption, callbacks, launch, checkpoint_archive, checkpoint_decode, checkpoint_rewrite,
+checkpoints, checkpoint_storage."""

@@ -183,15 +183,26 @@ class HFExport(pytorch.PyTorchCallback):
 
 class CheckpointRecord(pytorch.PyTorchCallback):
     """experiment.json in every checkpoint: the settings that identify its run
-    (run_plan.run_identity), so a resume can tell a checkpoint of this run from another's, and
-    the training length the run was planned for."""
+    (run_plan.run_identity), the digest of the training questions it read (a resume refuses other
+    content at the same path), the training length the run was planned for, and the latest
+    validation (what a resume of a finished run reports)."""
 
-    def __init__(self, identity: dict[str, Any], train_length: dict[str, int]) -> None:
-        self.identity, self.train_length = identity, train_length
+    def __init__(
+        self, identity: dict[str, Any], train_length: dict[str, int], train_sha256: str, run_log: RunLog
+    ) -> None:
+        self.identity, self.train_length, self.train_sha256 = identity, train_length, train_sha256
+        self.run_log = run_log
 
     def on_checkpoint_write_end(self, checkpoint_dir: str) -> None:
-        record = json.dumps({"identity": self.identity, "train_length": self.train_length}, indent=1)
-        write_text_atomic(Path(checkpoint_dir) / IDENTITY_RECORD, record)
+        log = self.run_log
+        record = {
+            "identity": self.identity,
+            "train_length": self.train_length,
+            "train_sha256": self.train_sha256,
+            "validation": {k: float(v) for k, v in log.validation.items() if k not in ("batches", "epochs")},
+            "validation_steps": log.validation_steps,
+        }
+        write_text_atomic(Path(checkpoint_dir) / IDENTITY_RECORD, json.dumps(record, indent=1))
 
 
 class LocalRetention(pytorch.PyTorchCallback):

@@ -24,29 +24,53 @@ def check_local_storage(checkpoint_dir: Path, root: Path) -> None:
     check_output_dir(checkpoint_dir, "--checkpoint-dir")
 
 
+MAX_UPLOAD_DIRS = 100_000  # directories walked through links before the walk gives up (and refuses)
+
+
 def check_upload_links(root: Path, checkpoint_dir: Path) -> None:
-    """No symlinked directory in the upload leads into the checkpoints or back over the project.
+    """No link in the upload leads, in any number of hops, into the checkpoints or back over the
+    project.
 
     Determined copies the upload into every checkpoint's code/ following directory links
-    (common/storage/shared.py `_copytree`: DirEntry.is_dir() follows them), so such a link makes
-    the copy recurse into the checkpoint it is writing -- after training, losing the run's end."""
+    (common/storage/shared.py `_copytree`: DirEntry.is_dir() follows them), so a link that reaches
+    the checkpoint directory -- directly, or through a linked folder that holds another link --
+    makes the copy recurse into the checkpoint it is writing, after training, losing the run's
+    end. The walk here follows links as that copy does, each real directory once."""
     checkpoints, project = checkpoint_dir.resolve(), root.resolve()
-    for folder, dirs, files in os.walk(root):
-        for name in [*dirs, *files]:
-            path = Path(folder) / name
-            if not path.is_symlink() or not uploaded(root, path) or not path.is_dir():
-                continue
-            target = path.resolve()
-            loops = project.is_relative_to(target)
-            if loops or target.is_relative_to(checkpoints) or checkpoints.is_relative_to(target):
+    seen: set[Path] = set()
+    stack: list[tuple[Path, Path | None]] = [(root, None)]  # (path as the copy sees it, first link on it)
+    while stack:
+        folder, via = stack.pop()
+        real = folder.resolve()
+        if via is not None:
+            loops = project.is_relative_to(real)
+            if loops or real.is_relative_to(checkpoints) or checkpoints.is_relative_to(real):
+                held = "the project itself" if loops else "the checkpoints"
                 raise ConfigError(
-                    f"{path}: a link to {target}, which holds the checkpoints or the project itself; "
-                    "Determined copies the project (minus .detignore) into every checkpoint and "
-                    "would copy it into itself. Remove the link or list it in .detignore."
+                    f"{via}: a link that leads to {real} ({held}); Determined copies the project "
+                    "(minus .detignore) into every checkpoint, following links, and would copy it "
+                    "into itself. Remove the link or list it in .detignore."
                 )
-        # Into uploaded real folders only (a link was judged above; os.walk does not follow it).
-        real = [Path(folder) / d for d in dirs if not (Path(folder) / d).is_symlink()]
-        dirs[:] = [d.name for d in real if uploaded(root, d)]
+        if real in seen:
+            continue
+        seen.add(real)
+        if len(seen) > MAX_UPLOAD_DIRS:
+            raise ConfigError(
+                f"{root}: more than {MAX_UPLOAD_DIRS} directories are uploaded (following links); "
+                "list what the experiment does not need in .detignore."
+            )
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            continue
+        for entry in entries:
+            path = Path(entry.path)
+            try:
+                is_dir = entry.is_dir()  # follows a link, as the copy does
+            except OSError:
+                continue
+            if is_dir and uploaded(root, path):
+                stack.append((path, via or (path if entry.is_symlink() else None)))
 
 
 def prepare_local_storage(checkpoint_dir: Path) -> None:

@@ -1,158 +1,167 @@
 """A checkpoint to resume, before the Trainer runs: the one --resume means (this run's newest,
-by the settings each checkpoint records), copied privately and checked whole (files, sizes, and
-every pickle scanned against an allowlist of exact names) -- the copy is what Determined
-restores -- and compared with the run's settings."""
+by the settings each checkpoint records), rewritten into a private directory from its decoded
+contents (checkpoint_rewrite) -- that copy is what Determined restores -- and compared with the
+run's settings."""
 
 from __future__ import annotations
 
-import functools
-import io
+import fcntl
 import json
 import logging
 import os
-import pickle
 import shutil
+import stat
 import tempfile
-import zipfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from extractive_qa.config.run_plan import IDENTITY_RECORD, identity_changes
 from extractive_qa.errors import ConfigError
+from extractive_qa.trial.checkpoint_rewrite import REQUIRED, ExpectedState, rewrite
 
 logger = logging.getLogger("squad")
 
 # --------------------------------------------------------------------------------------------
-# A checkpoint to resume, and local checkpoint storage.
+# A checkpoint to resume, rewritten into a private directory.
 # --------------------------------------------------------------------------------------------
 
-
-def check_checkpoint(checkpoint: Path, what: str, shown: Path | None = None) -> int:
-    """A complete, undamaged Determined checkpoint, or a ConfigError naming the file (under
-    `shown`, the user's directory, where `checkpoint` is a private copy of it); returns its
-    steps_completed. Runs before any training, so a truncated copy never ends in torch's raw
-    zip-reader traceback after the model and data are loaded."""
-    try:
-        return _check_checkpoint(checkpoint, what)
-    except ConfigError as err:
-        if shown is None:
-            raise
-        raise ConfigError(str(err).replace(str(checkpoint), str(shown))) from None
+PRIVATE_PREFIX = ".resume-"
+OWNER_LOCK = ".owner"  # held (flock) by the process whose resume made the directory
+UNLOCKED_GRACE_S = 60  # a directory made this recently may not have its lock yet
 
 
-def _check_checkpoint(checkpoint: Path, what: str) -> int:
-    state, meta = checkpoint / "state_dict.pth", checkpoint / "metadata.json"
-    needed = (state, meta, checkpoint / "trial_state.pkl")
-    if not any(path.is_file() for path in needed):
+class PrivateCopy:
+    """A new directory only this user can enter (mkdtemp: 0700) beside the checkpoints, locked
+    while the process that made it lives. A run killed before it removed its copy (kill -9, a
+    lost machine) leaves the lock free, and the next resume there removes the copy."""
+
+    def __init__(self, storage_root: Path) -> None:
+        storage_root.mkdir(parents=True, exist_ok=True)
+        self.path = Path(tempfile.mkdtemp(prefix=PRIVATE_PREFIX, dir=storage_root))
+        self.lock = os.open(self.path / OWNER_LOCK, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        fcntl.flock(self.lock, fcntl.LOCK_EX)
+
+    def remove(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+        os.close(self.lock)
+
+
+def remove_stale_copies(storage_root: Path) -> None:
+    """Private copies in `storage_root` whose owner is gone: each named with its size, and removed
+    (another live run's copy is locked and kept; another user's is not ours to touch)."""
+    if not storage_root.is_dir():
+        return
+    for path in sorted(storage_root.glob(f"{PRIVATE_PREFIX}*")):
+        try:
+            info = path.lstat()
+        except OSError:
+            continue
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+            continue
+        try:
+            lock = os.open(path / OWNER_LOCK, os.O_RDONLY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            if time.time() - info.st_mtime < UNLOCKED_GRACE_S:
+                continue  # being made right now
+            lock = None
+        except OSError:
+            continue
+        try:
+            if lock is not None:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises while its owner lives
+            size = sum(f.stat().st_size for f in path.iterdir() if f.is_file() and not f.is_symlink())
+            shutil.rmtree(path, ignore_errors=True)
+            logger.warning(
+                "removed %s (%.0f MB): the private copy of a resume whose process was killed "
+                "before it could remove it", path, size / 1e6,
+            )  # fmt: skip
+        except BlockingIOError:
+            pass
+        finally:
+            if lock is not None:
+                os.close(lock)
+
+
+def prepare_resume(
+    checkpoint: Path,
+    storage_root: Path,
+    expected: ExpectedState,
+    what: str = "--resume",
+    on_record: Callable[[dict[str, Any]], None] | None = None,
+) -> tuple[PrivateCopy, int]:
+    """A private copy of `checkpoint` rewritten from its decoded contents (checkpoint_rewrite) in
+    Determined's storage: (the copy, its steps). `on_record` checks the checkpoint's experiment.json
+    before its state is read. The caller removes the copy when the run ends."""
+    remove_stale_copies(storage_root)
+    if not checkpoint.is_dir():
+        raise ConfigError(f"{what} {checkpoint}: not a directory.")
+    present = [name for name in REQUIRED if (checkpoint / name).exists() or (checkpoint / name).is_symlink()]
+    if not present:
         raise ConfigError(
             f"{what} {checkpoint}: not a checkpoint written by train.py "
             "(needs state_dict.pth, metadata.json and trial_state.pkl)."
         )
-    for path in needed:
-        if not path.is_file():
-            raise ConfigError(
-                f"{what} {checkpoint}: incomplete checkpoint, {path.name} is missing "
-                "(not written by train.py, or the copy was cut short)."
-            )
+    private = PrivateCopy(storage_root)
     try:
-        steps = int(json.loads(meta.read_text())["steps_completed"])
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise ConfigError(f"{what} {meta}: damaged checkpoint metadata ({err}).") from None
-    with state.open("rb") as head:
-        magic = head.read(4)
-    if magic != ZIP_MAGIC:
-        # torch.save writes a zip archive from byte 0; zipfile also accepts one after a prefix,
-        # and torch.load would unpickle such a prefix unchecked.
-        raise ConfigError(
-            f"{what} {state}: not a torch.save archive from its first byte (starts {magic!r}); "
-            "refusing it. Resume only checkpoints this project wrote."
-        )
-    try:  # torch.save writes a zip archive; check every member against its CRC
-        with zipfile.ZipFile(state) as archive:
-            bad = archive.testzip()
-    except (OSError, zipfile.BadZipFile, EOFError) as err:
-        raise ConfigError(
-            f"{what} {state}: damaged or truncated checkpoint ({err}); resume from an earlier "
-            "checkpoint or copy this one again."
-        ) from None
-    if bad is not None:
-        raise ConfigError(f"{what} {state}: damaged checkpoint (member {bad} fails its CRC).")
-    # Determined unpickles both files; nothing in them may name code to run.
-    check_checkpoint_pickles(checkpoint)
-    return steps
-
-
-# What Determined's controller reads when it restores a checkpoint (pytorch/_pytorch_trial.py
-# _load: state_dict.pth, trial_state.pkl or the older workload_sequencer.pkl), and the records
-# beside them. hf/ and code/ are not read by a resume.
-RESTORED_FILES = ("state_dict.pth", "trial_state.pkl", "workload_sequencer.pkl", "metadata.json",
-                  "load_data.json", IDENTITY_RECORD)  # fmt: skip
-
-
-def private_copy(checkpoint: Path, storage_root: Path, what: str = "--resume") -> Path:
-    """The files a resume reads, copied into a new directory only this user can enter.
-
-    The scan and Determined's unpickling then read the same bytes: checking the user's directory
-    and letting Determined read it again seconds later leaves a window in which whoever can
-    write there swaps a file. Symlinked files are refused rather than followed."""
-    storage_root.mkdir(parents=True, exist_ok=True)
-    private = Path(tempfile.mkdtemp(prefix=".resume-", dir=storage_root))  # mode 0700
-    try:
-        for name in RESTORED_FILES:
-            try:
-                source = os.open(checkpoint / name, os.O_RDONLY | os.O_NOFOLLOW)
-            except FileNotFoundError:
-                continue
-            except OSError as err:
-                reason = f"cannot be read as a plain file ({err})"
-                raise ConfigError(f"{what} {checkpoint / name}: {reason}.") from None
-            with os.fdopen(source, "rb") as src, open(private / name, "xb") as dst:
-                shutil.copyfileobj(src, dst, 1 << 20)
+        steps = rewrite(checkpoint, private.path, expected, checkpoint, on_record).steps
+    except ConfigError as err:  # named as the user gave it: --resume, or a cluster's latest checkpoint
+        private.remove()
+        message = str(err)
+        raise ConfigError(message if message.startswith(what) else f"{what} {message}") from None
     except BaseException:
-        shutil.rmtree(private, ignore_errors=True)
-        raise
-    return private
-
-
-def prepare_resume(checkpoint: Path, storage_root: Path, what: str = "--resume") -> tuple[Path, int]:
-    """A private, checked copy of a checkpoint in Determined's storage: (its directory, steps).
-    The caller removes the directory when the run ends."""
-    private = private_copy(checkpoint, storage_root, what)
-    try:
-        steps = check_checkpoint(private, what, shown=checkpoint)
-    except BaseException:
-        shutil.rmtree(private, ignore_errors=True)
+        private.remove()
         raise
     return private, steps
 
 
-def verify_on_chief(distributed: Any, checkpoint: Path, what: str) -> str:
-    """A cluster's checkpoint on shared_fs: the chief alone copies the files Determined restores
-    into a private directory beside it (the storage every rank sees), checks the copy (bert-base:
-    ~1.3 GB read once instead of once per rank) and names it; every rank then restores that copy,
-    so the bytes unpickled are the bytes checked. A damaged checkpoint stops them all with the
-    same message (exit 2). Returns the copy's storage id; the chief removes it after the run."""
+def verify_on_chief(
+    distributed: Any, checkpoint: Path, what: str, expected: Callable[[], ExpectedState]
+) -> tuple[str, PrivateCopy | None]:
+    """A cluster's checkpoint on shared_fs: the chief alone rewrites it into a private directory
+    beside it (the storage every rank sees), from its decoded contents (bert-base: ~1.3 GB read
+    once instead of once per rank), and names it; every rank then restores that copy. A damaged
+    or foreign checkpoint stops them all with the same message (exit 2). Returns the copy's
+    storage id and, on the chief, the copy (None elsewhere) to remove after the run."""
     verdict: dict[str, Any] | None = None
+    private: PrivateCopy | None = None
     if distributed.rank == 0:
         logger.info("verifying %s %s for all %d ranks", what, checkpoint, distributed.size)
         try:
-            private, steps = prepare_resume(checkpoint, checkpoint.parent, what)
-            verdict = {"steps": steps, "private": private.name}
+            private, steps = prepare_resume(checkpoint, checkpoint.parent, expected(), what)
+            verdict = {"steps": steps, "private": private.path.name}
         except ConfigError as err:
             verdict = {"error": str(err)}
     verdict = distributed.broadcast(verdict)
     if "error" in verdict:
         raise ConfigError(verdict["error"])
-    return str(verdict["private"])
+    return str(verdict["private"]), private
+
+
+def finished_resume(flag: str | Path, source: Any, total: int) -> dict[str, Any] | None:
+    """A resume with nothing left to train (the checkpoint's steps reach the run's `total`
+    batches): --resume DIR is refused (a longer --batches continues it); `auto` / `latest` found
+    this run already finished, which a restarted torchrun job or scheduler is told with the result
+    its checkpoint recorded (exit 0). None: train on."""
+    steps = source.steps_completed
+    if steps < total:
+        return None
+    if flag not in ("auto", "latest"):
+        raise ConfigError(
+            f"--resume {source.resumed}: the checkpoint has trained {steps} batches and this run's "
+            f"length is {total}, so nothing is left to train. Give a longer --batches (or --epochs) "
+            "to continue it."
+        )
+    logger.info("--resume %s: this run already finished (%d of %d batches) in %s; nothing left to train",
+                flag, steps, total, source.resumed)  # fmt: skip
+    return finished_result(source.resumed_copy, source.resumed, steps)
 
 
 def checkpoint_record(checkpoint: Path, key: str) -> dict[str, Any] | None:
     """What a checkpoint recorded of its run (experiment.json): its `identity`
     (run_plan.run_identity) or `train_length`; None without a record."""
-    try:
-        value = json.loads((checkpoint / IDENTITY_RECORD).read_text())[key]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+    value = json_record(checkpoint).get(key)
     return value if isinstance(value, dict) else None
 
 
@@ -217,12 +226,49 @@ def resume_from(resume: str | Path, checkpoint_dir: Path, identity: dict[str, An
     return found
 
 
-def check_same_run(checkpoint: Path, identity: dict[str, Any], allow_changed: bool, shown: Path) -> None:
-    """--resume DIR: the checkpoint's recorded settings against this run's; a difference is an
-    error naming each field (both values) unless --allow-changed says it is meant. `checkpoint`
-    is the private copy the run restores; `shown` the directory the user gave."""
-    saved = checkpoint_identity(checkpoint)
-    if saved is None:
+def check_same_data(checkpoint: Path, train_sha256: str, allow_changed: bool, shown: Path) -> None:
+    """The training questions this run read against those the checkpoint's run read (their SHA-256,
+    subsets included): another file at the same path is another run, refused as changed settings
+    are (--allow-changed continues anyway). Checkpoints from before the digest was recorded pass."""
+    saved = json_record(checkpoint).get("train_sha256")
+    if saved is None or saved == train_sha256:
+        return
+    change = f"the training data differ (SHA-256 {str(saved)[:12]}... -> {train_sha256[:12]}...)"
+    if allow_changed:
+        logger.warning("--resume %s with changed data (--allow-changed): %s", shown, change)
+        return
+    raise ConfigError(
+        f"--resume {shown}: {change}: the file at data.train_file (or the subset data.max_train_examples "
+        "takes) is not what the checkpoint was trained on. Restore that data, or pass --allow-changed to "
+        "continue its state on this data."
+    )
+
+
+def finished_result(checkpoint: Path, shown: Path, steps: int) -> dict[str, Any]:
+    """What a finished run's checkpoint records of it: its latest validation, steps, where it is."""
+    record = json_record(checkpoint)
+    validation = record.get("validation") if isinstance(record.get("validation"), dict) else {}
+    scores = {k: v for k, v in validation.items() if isinstance(v, float)}
+    return {**scores, "checkpoint": str(shown), "steps_completed": steps, "already_finished": True}
+
+
+def json_record(checkpoint: Path) -> dict[str, Any]:
+    """experiment.json of a checkpoint (the rewritten copy: already parsed once), or {}."""
+    try:
+        value = json.loads((checkpoint / IDENTITY_RECORD).read_text())
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def check_same_run(
+    record: dict[str, Any], identity: dict[str, Any], allow_changed: bool, shown: Path
+) -> None:
+    """--resume DIR: the checkpoint's recorded settings (its experiment.json) against this run's; a
+    difference is an error naming each field (both values) unless --allow-changed says it is
+    meant. `shown` is the directory the user gave."""
+    saved = record.get("identity")
+    if not isinstance(saved, dict):
         logger.warning("--resume %s: the checkpoint records no experiment settings (%s); "
                        "they cannot be compared with this run's", shown, IDENTITY_RECORD)  # fmt: skip
         return
@@ -238,118 +284,3 @@ def check_same_run(checkpoint: Path, identity: dict[str, Any], allow_changed: bo
         "Resume with the config it was written with, or pass --allow-changed to continue its "
         "state under the new settings."
     )
-
-
-# --------------------------------------------------------------------------------------------
-# Pickles scanned before Determined unpickles them: only allowlisted names, nothing runs.
-# --------------------------------------------------------------------------------------------
-
-
-# What torch.save writes for this trial's state (weights, optimizer and scheduler state, every
-# rank's RNG states as NumPy arrays and tensors); trial_state.pkl holds plain values only.
-_NUMPY_CORES = ("numpy.core.multiarray", "numpy._core.multiarray")
-ALLOWED_IN_STATE_DICT = frozenset(
-    {
-        ("collections", "OrderedDict"),
-        ("_codecs", "encode"),
-        ("torch._utils", "_rebuild_tensor_v2"),
-        ("torch._utils", "_rebuild_parameter"),
-        ("torch", "Size"),
-        ("numpy", "ndarray"),
-        ("numpy", "dtype"),
-        *((core, "_reconstruct") for core in _NUMPY_CORES),
-        *((core, "scalar") for core in _NUMPY_CORES),
-    }
-)
-_TORCH_STORAGES = frozenset(
-    f"{kind}Storage"
-    for kind in (
-        "Byte", "Char", "Short", "Int", "Long", "Half", "Float", "Double", "BFloat16", "Bool", "Untyped"
-    )  # fmt: skip
-)
-ZIP_MAGIC = b"PK\x03\x04"
-
-
-@functools.lru_cache(maxsize=1)
-def numpy_dtype_classes() -> frozenset[tuple[str, str]]:
-    """numpy.dtypes' dtype classes by exact name (numpy 2 pickles dtypes by class, e.g.
-    UInt32DType): only names that are dtype classes in the installed NumPy."""
-    import numpy as np
-
-    try:
-        import numpy.dtypes as dtypes
-    except ImportError:  # NumPy < 1.25 has no such module, and pickles no such names
-        return frozenset()
-    return frozenset(
-        ("numpy.dtypes", name) for name in dir(dtypes)
-        if isinstance(getattr(dtypes, name), type) and issubclass(getattr(dtypes, name), np.dtype)
-    )  # fmt: skip
-
-
-class _Inert:
-    """What an allowed global becomes while scanning: accepts any call and state, does nothing."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def __setstate__(self, state: Any) -> None:
-        pass
-
-    def __setitem__(self, key: Any, value: Any) -> None:
-        pass
-
-    def append(self, value: Any) -> None:
-        pass
-
-    def extend(self, values: Any) -> None:
-        pass
-
-
-class _Scanner(pickle.Unpickler):
-    def __init__(self, data: bytes, allowed: frozenset[tuple[str, str]], where: str) -> None:
-        super().__init__(io.BytesIO(data))
-        self.allowed, self.where = allowed, where
-
-    def find_class(self, module: str, name: str) -> Any:
-        # Exact (module, name) pairs only. A dotted name is refused whatever its module: pickle
-        # resolves it attribute by attribute (numpy.dtypes + "__builtins__.get" reaches eval).
-        allowed = (module, name) in self.allowed
-        if self.allowed is ALLOWED_IN_STATE_DICT:
-            allowed = allowed or (module == "torch" and name in _TORCH_STORAGES)
-            allowed = allowed or (module, name) in numpy_dtype_classes()
-        if allowed and "." not in name:
-            return _Inert
-        raise ConfigError(
-            f"{self.where}: refers to {module}.{name}, which no checkpoint of this trial contains; "
-            "refusing to load it (it could run code). Resume only checkpoints this project wrote."
-        )
-
-    def persistent_load(self, pid: Any) -> Any:  # torch's tensor storages live beside the pickle
-        return None
-
-
-def scan(data: bytes, allowed: frozenset[tuple[str, str]], where: str) -> None:
-    """Walk one pickle with every global checked; ConfigError if it is refused or unreadable."""
-    try:
-        _Scanner(data, allowed, where).load()
-    except ConfigError:
-        raise
-    except Exception as err:  # a damaged pickle: say so rather than let Determined trip on it
-        reason = f"{type(err).__name__}: {str(err)[:200]}"
-        raise ConfigError(f"{where}: not a readable pickle ({reason}).") from None
-
-
-def check_checkpoint_pickles(checkpoint: Path) -> None:
-    """trial_state.pkl (plain values only) and state_dict.pth (the allowlist above)."""
-    for name in ("trial_state.pkl", "workload_sequencer.pkl"):
-        path = checkpoint / name
-        if path.is_file():
-            scan(path.read_bytes(), frozenset(), str(path))
-    state = checkpoint / "state_dict.pth"
-    if not state.is_file():
-        return
-    # A zip from its first byte: _check_checkpoint refused anything else before calling this.
-    with zipfile.ZipFile(state) as archive:  # torch.save's format: the pickle is data.pkl
-        for member in archive.namelist():
-            if member.endswith(".pkl"):
-                scan(archive.read(member), ALLOWED_IN_STATE_DICT, f"{state} ({member})")

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from extractive_qa.files import write_text_atomic
+from extractive_qa.files import shared_mode, write_text_atomic
 from extractive_qa.qa.qa_settings import QASettings
 
 # --------------------------------------------------------------------------------------------
@@ -127,6 +127,9 @@ def export_hf(
     settings.save(hf)
     if card is not None:
         write_text_atomic(hf / "README.md", card)
+    for item in hf.iterdir():  # safetensors writes its file 0600: every file gets the umask's mode
+        if item.is_file() and not item.is_symlink():
+            shared_mode(item)
     return hf
 
 

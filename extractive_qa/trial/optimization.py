@@ -48,6 +48,22 @@ def build_optimizer(
     return torch_optimizer.Lamb(groups, lr=lr, betas=betas, eps=eps)
 
 
+# Fine-tuning rates for BERT-sized encoders are 1e-5 to 1e-3 (LAMB's up to ~1e-2); past this a run
+# diverges within its first steps. A warning, not an error: a user may be probing on purpose.
+LR_WARN_ABOVE = 0.05
+
+
+def learning_rate_warning(lr: float) -> str | None:
+    """What to tell a user whose peak learning rate (RunPlan.learning_rate) is far out of range."""
+    if lr <= LR_WARN_ABOVE:
+        return None
+    return (
+        f"hyperparameters.learning_rate: the peak learning rate resolves to {lr:g}, while fine-tuning "
+        "rates are 1e-5 to 1e-3 (LAMB's up to ~1e-2); a run at this rate diverges. Lower it unless "
+        "that is what you are testing."
+    )
+
+
 def linear_warmup_decay(total_steps: int, warmup_steps: int) -> Any:
     def factor(step: int) -> float:
         if step < warmup_steps:

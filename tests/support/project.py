@@ -86,6 +86,20 @@ def run_cli(args: list[str], cwd: Path | None = None) -> dict[str, Any]:
     return last_json(out.stdout)
 
 
+def cli(*args: str) -> tuple[int, str, str]:
+    """One of the project's scripts run as a user runs it, from the repository root: (exit code,
+    stdout, stderr) -- for tests of what crosses the process boundary (exit codes, stderr)."""
+    import subprocess
+
+    done = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    return done.returncode, done.stdout, done.stderr
+
+
+def trained_config(checkpoint: Path) -> Path:
+    """The YAML the `trained` fixture's run used (its directory holds it)."""
+    return checkpoint.parents[2] / "exp.yaml"
+
+
 def one_process_scores(checkpoint: Path | str, squad_file: Path | str, tmp: Path) -> dict[str, Any]:
     """EM/F1 of a checkpoint evaluated by one process: predict.py, then squad_metric.py."""
     preds = tmp / "one-process-predictions.json"

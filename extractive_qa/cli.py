@@ -1,0 +1,45 @@
+"""What every entry script shares before its own work: a Ctrl-C while the libraries load ends in
+one line instead of a traceback, and command-line text that is not UTF-8 is named, not carried
+into a tokenizer or a JSON file that cannot hold it.
+
+Importing this module installs the interrupt hook, so the entry scripts import it first (torch
+and transformers take seconds to load, and a Ctrl-C then lands inside some import). The process
+still ends as one killed by SIGINT (Python re-raises it after the hook: exit status 130).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from types import TracebackType
+
+INTERRUPTED_EARLY = "interrupted before any work started; nothing to keep."
+
+
+def _quiet_interrupt(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+    if issubclass(kind, KeyboardInterrupt):
+        print(INTERRUPTED_EARLY, file=sys.stderr)
+        return
+    _previous(kind, value, tb)
+
+
+_previous = sys.excepthook
+if sys.excepthook is sys.__excepthook__:
+    sys.excepthook = _quiet_interrupt
+
+
+def refuse_undecodable(argv: Sequence[str] | None) -> bool:
+    """Whether an argument (of `argv`, default sys.argv's) is not valid UTF-8 -- Python keeps such
+    bytes as lone surrogates -- in which case the error line naming it is printed."""
+    for position, arg in enumerate(sys.argv[1:] if argv is None else argv, start=1):
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            shown = arg.encode("utf-8", "backslashreplace").decode("ascii", "replace")[:80]
+            print(
+                f"error: argument {position} ({shown}) is not valid UTF-8 text; give it in UTF-8 "
+                "(check the terminal's or the file's encoding).",
+                file=sys.stderr,
+            )
+            return True
+    return False

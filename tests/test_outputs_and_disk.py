@@ -1,0 +1,327 @@
+"""Outputs and disk: no output lands on an input or in the upload, every output is checked
+writable before any work, checkpoint storage is private and has room, and a write that fails
+(a full disk) names the file and leaves nothing partial."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.support.project import ROOT, cli, run_train, trained_config
+
+# --------------------------------------------------------------------------------------------
+# Checkpoint storage: outside the upload, private, with room for one more.
+# --------------------------------------------------------------------------------------------
+
+
+def test_a_checkpoint_dir_inside_the_upload_is_refused_before_training(tmp_path: Path) -> None:
+    import shutil
+
+
+    inside = ROOT / "my-checkpoints"
+    try:
+        code, _, err = run_train(["--batches", "1", "--checkpoint-dir", str(inside)])
+        assert code == 2 and "copied into themselves" in err and "Traceback" not in err, err
+        assert not inside.exists()
+    finally:  # without the check the run would fill the project with recursive copies
+        shutil.rmtree(inside, ignore_errors=True)
+
+
+def test_outputs_that_cannot_be_written_are_refused_before_training(tmp_path: Path) -> None:
+
+    code, _, err = run_train(
+        ["--batches", "1", "--metrics-out", str(tmp_path), "--checkpoint-dir", str(tmp_path / "c")]
+    )
+    assert code == 2 and "--metrics-out" in err and "is a directory" in err, err
+    code, _, err = run_train(
+        [
+            "--batches",
+            "1",
+            "--metrics-out",
+            str(tmp_path / "no" / "m.json"),
+            "--checkpoint-dir",
+            str(tmp_path / "c"),
+        ]
+    )
+    assert code == 2 and "does not exist" in err, err
+    (tmp_path / "file").write_text("x")
+    code, _, err = run_train(["--batches", "1", "--checkpoint-dir", str(tmp_path / "file")])
+    assert code == 2 and "--checkpoint-dir" in err and "is a file" in err, err
+
+
+def test_partial_checkpoints_are_named_and_the_storage_is_not_world_writable(tmp_path: Path, caplog) -> None:
+    from extractive_qa.trial.checkpoint_storage import prepare_local_storage
+
+    base = tmp_path / "c" / "determined"
+    base.mkdir(parents=True, mode=0o777)
+    base.chmod(0o777)
+    (base / "0a1b-cut-short").mkdir()
+    with caplog.at_level("WARNING", logger="squad"):
+        prepare_local_storage(tmp_path / "c")
+    assert "0a1b-cut-short" in caplog.text and "partial checkpoint" in caplog.text
+    assert base.stat().st_mode & 0o022 == 0
+
+
+def test_stale_feature_cache_temp_dirs_are_removed_under_the_lock(tokenizer, tmp_path: Path) -> None:
+    from extractive_qa.config.model_family import EMBEDDED_MODEL
+    from extractive_qa.config.settings import WindowSpec
+    from extractive_qa.data.feature_cache import features_fingerprint, prepare_features
+    from extractive_qa.data.squad_files import load_squad
+    from tests.support.project import DEV_V1
+
+    squad = load_squad(DEV_V1, training=False)
+    spec = WindowSpec(128, 32, 32)
+    name = f"validation-{features_fingerprint(squad, EMBEDDED_MODEL, tokenizer, spec, 'validation')}"
+    stale = tmp_path / f".{name}.crashed"
+    stale.mkdir(parents=True)
+    (stale / "input_ids.npy").write_bytes(b"\0" * 1000)
+    prepare_features(squad, tokenizer, EMBEDDED_MODEL, spec, "validation", tmp_path)
+    assert not stale.exists() and (tmp_path / name).is_dir()
+
+
+def test_an_output_that_is_an_input_is_refused_and_the_input_kept(trained, tmp_path: Path) -> None:
+    import shutil
+
+    from tests.support.project import DEV_V1
+
+    checkpoint, _ = trained
+    data = tmp_path / "dev.json"
+    shutil.copy(DEV_V1, data)
+    before = data.read_bytes()
+    for out in (["--out", str(data)], ["--out-dir", str(tmp_path)]):
+        if out[0] == "--out-dir":
+            data = data.rename(tmp_path / "predictions.json")  # what --out-dir would write
+        code, _, err = cli("predict.py", "--checkpoint", str(checkpoint), "--squad", str(data), *out)
+        assert code == 2 and "is the input given as --squad" in err and "Traceback" not in err, err
+        assert data.read_bytes() == before
+    config = trained_config(checkpoint)
+    kept = config.read_bytes()
+    code, _, err = run_train(["--config", str(config), "--metrics-out", str(config), "--batches", "1",
+                              "--checkpoint-dir", str(tmp_path / "c")])  # fmt: skip
+    assert code == 2 and "--metrics-out" in err and "--config" in err
+    assert config.read_bytes() == kept
+
+
+def test_too_little_space_for_a_checkpoint_is_named_before_training(
+    trained, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import collections
+    import shutil
+
+
+    checkpoint, _ = trained
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**9, 10**9 - 10**5, 10**5))
+    code, _, err = run_train(["--config", str(trained_config(checkpoint)), "--batches", "2",
+                              "--checkpoint-dir", str(tmp_path / "c")])  # fmt: skip
+    assert code == 2 and "GB free" in err and "--checkpoint-dir" in err, err[-2000:]
+    assert not list((tmp_path / "c" / "determined").glob("*-*-*"))  # nothing trained or written
+
+
+def test_a_link_in_the_upload_into_the_checkpoints_is_refused_before_training(tmp_path: Path) -> None:
+    """Determined copies the upload into every checkpoint following directory links: a link to
+    the checkpoint directory would copy the checkpoint into itself after training."""
+    import shutil
+
+    project = tmp_path / "project"
+    project.mkdir()
+    needed = ("train.py", "model_def.py", "data.py", "local.yaml", ".detignore", "extractive_qa")
+    needed += ("squad_data",)
+    for path in (ROOT / name for name in needed):
+        (shutil.copytree if path.is_dir() else shutil.copy)(path, project / path.name)
+    checkpoints = tmp_path / "ckpt"
+    checkpoints.mkdir()
+    (project / "results").symlink_to(checkpoints, target_is_directory=True)
+    code, _, err = cli(str(project / "train.py"), "--checkpoint-dir", str(checkpoints), "--batches", "1")
+    assert code == 2 and "results" in err and "copy it into itself" in err, err[-2000:]
+    assert "Traceback" not in err
+    assert not (checkpoints / "determined").exists()
+
+
+def test_a_full_disk_at_the_output_is_one_line_naming_the_file(
+    trained, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    import errno
+    import os
+
+    import predict
+    from tests.support.project import DEV_V1
+
+    def full(*args: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", full)
+    out = tmp_path / "preds.json"
+    code = predict.main(["--checkpoint", str(trained[0]), "--squad", str(DEV_V1), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and f"cannot write {out}: No space left on device" in err, err[-2000:]
+    assert "Traceback" not in err and list(tmp_path.iterdir()) == []  # no partial file
+
+
+def test_a_checkpoint_write_that_fails_says_where_why_and_what_the_run_reached(
+    trained, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch.save's zip writer fails on a full disk with "unexpected pos" and no reason; the
+    run ends with one line naming the directory, the space left and the scores it reached."""
+    import torch
+
+
+    def full_disk(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 4096 vs 4000")
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    code, _, err = run_train(["--config", str(trained_config(trained[0])), "--batches", "2",
+                              "--checkpoint-dir", str(tmp_path / "c")])  # fmt: skip
+    assert code == 2 and "writing a checkpoint after 2 batches failed" in err, err[-2000:]
+    assert "GB free" in err and "f1" in err and "--resume auto" in err and "Traceback" not in err
+
+
+# --------------------------------------------------------------------------------------------
+# No output on an input: one check for every writer, links resolved to the end.
+# --------------------------------------------------------------------------------------------
+
+
+def run_main(module: str, *args: str) -> tuple[int, str]:
+    """An entry script's main() in this process: (exit code, stderr)."""
+    import contextlib
+    import importlib
+    import io
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = importlib.import_module(module).main(list(args))
+    return code, err.getvalue()
+
+
+def test_no_writer_replaces_a_file_of_the_checkpoint_it_reads(trained, tmp_path: Path) -> None:
+    """predict.py --out inside the checkpoint it answers with, train.py --metrics-out onto the
+    checkpoint it resumes: refused before any work, the checkpoint byte for byte as it was."""
+    import hashlib
+    import shutil
+
+    checkpoint = tmp_path / "ck"
+    shutil.copytree(trained[0], checkpoint)
+
+    def digest() -> str:
+        files = sorted(p for p in checkpoint.rglob("*") if p.is_file())
+        return hashlib.sha256(b"".join(p.read_bytes() for p in files)).hexdigest()
+
+    before = digest()
+    question = ["--question", "Who won?", "--context", "Denver won."]
+    squad = ["--squad", str(ROOT / "squad_data" / "dev-v1.1-excerpt.json")]
+    for target in ("hf/model.safetensors", "hf/qa_settings.json"):
+        out = ["--out", str(checkpoint / target)]
+        code, err = run_main("predict", "--checkpoint", str(checkpoint), *squad, *out)
+        assert code == 2 and "which this command reads (--checkpoint)" in err, err
+    code, err = run_main("predict", "--checkpoint", str(checkpoint / "hf"), *question)
+    assert code == 0, err  # the checkpoint still answers
+    code, _, err = run_train(["--config", str(trained_config(trained[0])), "--resume", str(checkpoint),
+                              "--batches", "8", "--checkpoint-dir", str(tmp_path / "c"),
+                              "--metrics-out", str(checkpoint / "metadata.json")])  # fmt: skip
+    assert code == 2 and "--metrics-out" in err and "--resume" in err, err[-2000:]
+    assert digest() == before
+
+
+def test_outputs_never_land_in_the_upload_nor_over_another_directory(trained, tmp_path: Path) -> None:
+    """export.py --out . would replace the project's README and upload the models with every
+    experiment; --out DIR holding a user's files would mix ours in; data.py --convert --out
+    squad_data/local-train-v1.1.json would replace the embedded default's data. Each refused before
+    any work, naming the flag."""
+    pytest.importorskip("onnxruntime")
+    readme = (ROOT / "README.md").read_bytes()
+    code, err = run_main("export", "--checkpoint", str(trained[0]), "--out", str(ROOT))
+    assert code == 2 and "already holds files" in err, err
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "config.json").write_text("{}")
+    code, err = run_main("export", "--checkpoint", str(trained[0]), "--out", str(theirs))
+    assert code == 2 and "config.json" in err and (theirs / "config.json").read_text() == "{}", err
+    code, err = run_main("export", "--checkpoint", str(trained[0]), "--out", str(ROOT / "served"))
+    assert code == 2 and "inside the project directory" in err and not (ROOT / "served").exists(), err
+    dev = str(ROOT / "squad_data" / "dev-v1.1-excerpt.json")
+    train = ROOT / "squad_data" / "local-train-v1.1.json"
+    kept = train.read_bytes()
+    code, err = run_main("data", "--convert", dev, "--out", str(train))
+    assert code == 2 and "inside the project directory" in err and train.read_bytes() == kept, err
+    assert (ROOT / "README.md").read_bytes() == readme
+
+
+def test_a_link_in_hf_is_refused_by_the_export_not_copied(trained, tmp_path: Path) -> None:
+    """A link planted in hf/ to another file (a 0600 secret) is not followed into the export."""
+    import shutil
+
+    pytest.importorskip("onnxruntime")
+    checkpoint = tmp_path / "ck"
+    shutil.copytree(trained[0], checkpoint)
+    secret = tmp_path / "secret"
+    secret.write_text("key")
+    secret.chmod(0o600)
+    (checkpoint / "hf" / "notes.txt").symlink_to(secret)
+    code, err = run_main("export", "--checkpoint", str(checkpoint), "--out", str(tmp_path / "out"))
+    assert code == 2 and "notes.txt" in err and "not a plain file" in err, err
+    assert not (tmp_path / "out" / "notes.txt").exists()
+
+
+def test_copies_keep_a_narrower_mode_and_checkpoint_files_share_one(trained, tmp_path: Path) -> None:
+    import stat
+
+    from extractive_qa.files import copy_plain_file
+
+    private = tmp_path / "private"
+    private.write_text("x")
+    private.chmod(0o600)
+    copy_plain_file(private, tmp_path / "copy")
+    assert stat.S_IMODE((tmp_path / "copy").stat().st_mode) == 0o600
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (trained[0] / "hf").iterdir()}
+    assert len(set(modes.values())) == 1, modes  # model.safetensors as readable as the rest
+
+
+def test_a_link_two_hops_from_the_upload_into_the_checkpoints_is_refused(tmp_path: Path) -> None:
+    """project/lnk -> /x/hop and /x/hop/ck -> the checkpoints: Determined's copy follows both."""
+    from extractive_qa.errors import ConfigError
+    from extractive_qa.trial.checkpoint_storage import check_upload_links
+
+    project, hop, checkpoints = tmp_path / "project", tmp_path / "hop", tmp_path / "ckpt"
+    for folder in (project, hop, checkpoints):
+        folder.mkdir()
+    (project / "lnk").symlink_to(hop, target_is_directory=True)
+    check_upload_links(project, checkpoints)  # one hop to a harmless folder: fine
+    (hop / "ck").symlink_to(checkpoints, target_is_directory=True)
+    with pytest.raises(ConfigError, match="lnk: a link that leads to .*ckpt"):
+        check_upload_links(project, checkpoints)
+    (hop / "ck").unlink()
+    (hop / "up").symlink_to(tmp_path, target_is_directory=True)  # and back over the project
+    with pytest.raises(ConfigError, match="the project itself"):
+        check_upload_links(project, checkpoints)
+
+
+def test_a_forged_feature_cache_is_rebuilt_not_trained_on(tokenizer, tmp_path: Path, caplog) -> None:
+    """A cache entry rewritten whole -- arrays and their SHA-256 records together -- with token ids
+    beyond the vocabulary passes the integrity records; the arrays' own check rebuilds it."""
+    import hashlib
+    import json
+
+    import numpy as np
+
+    from extractive_qa.config.model_family import EMBEDDED_MODEL
+    from extractive_qa.config.settings import WindowSpec
+    from extractive_qa.data.feature_cache import prepare_features
+    from extractive_qa.data.squad_files import load_squad
+    from tests.support.project import DEV_V1
+
+    squad = load_squad(DEV_V1, training=False)
+    spec = WindowSpec(128, 32, 32)
+    built, _ = prepare_features(squad, tokenizer, EMBEDDED_MODEL, spec, "validation", tmp_path)
+    original = np.array(built.input_ids)  # the entry's file is about to change under the memory map
+    entry = next(p for p in tmp_path.iterdir() if p.name.startswith("validation-") and p.is_dir())
+    forged = original.copy()
+    forged[0, 1] = len(tokenizer) + 5
+    np.save(entry / "input_ids.npy", forged, allow_pickle=False)
+    meta = json.loads((entry / "meta.json").read_text())
+    meta["arrays"]["input_ids"]["sha256"] = hashlib.sha256((entry / "input_ids.npy").read_bytes()).hexdigest()
+    (entry / "meta.json").write_text(json.dumps(meta))
+    with caplog.at_level("WARNING", logger="squad"):
+        features, state = prepare_features(squad, tokenizer, EMBEDDED_MODEL, spec, "validation", tmp_path)
+    assert state == "rebuilt" and "outside the tokenizer" in caplog.text
+    assert np.array_equal(features.input_ids, original)
