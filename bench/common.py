@@ -171,6 +171,34 @@ def machine_text(device: torch.device | None = None, cpu: dict[str, Any] | None 
     )
 
 
+def provenance(module: str, argv: list[str], device: torch.device | None = None) -> dict[str, Any]:
+    """What every results file records beside its figures: the command that wrote it, the commit
+    it ran at (with "+changes" when the work tree differed from it), the date, the machine and
+    the software versions."""
+    import subprocess
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    commit = git("rev-parse", "HEAD") or "unknown"
+    if git("status", "--porcelain", "--untracked-files=no"):
+        commit += "+changes"
+    import numpy
+    import transformers
+
+    return {
+        "command": " ".join(["python3 -m", module, *argv]),
+        "commit": commit,
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": machine_text(device),
+        "cpu": cpu_description(),
+        "versions": {"python": platform.python_version(), "torch": torch.__version__,
+                     "transformers": transformers.__version__, "numpy": numpy.__version__,
+                     "system": f"{platform.system()} {platform.release()}"},
+    }  # fmt: skip
+
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
