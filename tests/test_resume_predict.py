@@ -338,6 +338,10 @@ def test_changed_training_data_at_the_same_path_is_refused(trained, tmp_path: Pa
         code, result, err = run_train([*args, "--resume", str(record_dir), "--allow-changed"])
     assert code == 0 and result["steps_completed"] == 8, err[-3000:]
     assert "with changed data (--allow-changed)" in caplog.text
+    # the file's first 100 questions only: a subset is other data too, named by its setting
+    subset = ["--set", "data.max_train_examples=100", "--resume", str(checkpoint)]
+    code, _, err = run_train(["--config", str(trained_config(checkpoint)), *args[2:], *subset])
+    _refused(code, err, "data.max_train_examples: None -> 100")
 
 
 def _refused(code: int, err: str, *needles: str) -> None:
