@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.project import ROOT, cli
+from tests.support.project import ROOT, run_main
 
 
 def test_the_scoring_cli_warns_per_missing_id_and_refuses_foreign_predictions(tmp_path: Path) -> None:
@@ -17,22 +17,22 @@ def test_the_scoring_cli_warns_per_missing_id_and_refuses_foreign_predictions(tm
     ids = [ex.id for ex in load_squad(DEV_V1, training=False).examples]
     foreign = tmp_path / "foreign.json"
     foreign.write_text(json.dumps({f"x{i}": "a" for i in range(810)}))
-    code, out, err = cli("-m", "extractive_qa.qa.squad_metric", str(DEV_V1), str(foreign))
+    code, out, err = run_main(["-m", "extractive_qa.qa.squad_metric", str(DEV_V1), str(foreign)])
     assert code == 2 and "none of its 810 ids" in err and out == ""
     half = tmp_path / "half.json"
     v2_ids = [ex.id for ex in load_squad(DEV_V2, training=False).examples]
     half.write_text(json.dumps({i: "" for i in v2_ids[: len(v2_ids) // 2]}))
-    code, out, err = cli("-m", "extractive_qa.qa.squad_metric", str(DEV_V2), str(half))
+    code, out, err = run_main(["-m", "extractive_qa.qa.squad_metric", str(DEV_V2), str(half)])
     assert code == 0 and err.count("Missing prediction for") == len(v2_ids) - len(v2_ids) // 2
     assert "over the answered questions only" in err
     some = tmp_path / "some.json"
     some.write_text(json.dumps({i: "" for i in ids[:10]}))
-    code, _, err = cli("-m", "extractive_qa.qa.squad_metric", str(DEV_V1), str(some))
+    code, _, err = run_main(["-m", "extractive_qa.qa.squad_metric", str(DEV_V1), str(some)])
     assert code == 0 and "counts each missing one as wrong" in err
     odds = tmp_path / "odds.json"  # NaN would make the printed report invalid JSON
     odds.write_text(json.dumps({i: (float("nan") if n == 0 else 0.5) for n, i in enumerate(v2_ids)}))
     metric = ["-m", "extractive_qa.qa.squad_metric"]
-    code, out, err = cli(*metric, str(DEV_V2), str(half), "--na-prob-file", str(odds))
+    code, out, err = run_main([*metric, str(DEV_V2), str(half), "--na-prob-file", str(odds)])
     assert code == 2 and "not finite numbers" in err and out == ""
 
 
@@ -43,7 +43,7 @@ def test_predict_checks_its_inputs_and_outputs_before_any_work(trained, tmp_path
 
     checkpoint, _ = trained
     question = ["--question", "Who won?", "--context", "Denver won."]
-    code, _, err = cli(
+    code, _, err = run_main([
         "predict.py",
         "--checkpoint",
         str(checkpoint),
@@ -51,25 +51,26 @@ def test_predict_checks_its_inputs_and_outputs_before_any_work(trained, tmp_path
         "x.json",
         "--out",
         str(tmp_path / "no" / "p.json"),
-    )
+    ])
     assert code == 2 and "--out" in err and "does not exist" in err and "Traceback" not in err
     if not torch.cuda.is_available():
-        code, _, err = cli("predict.py", "--checkpoint", str(checkpoint), *question, "--device", "cuda")
+        cuda = ["--device", "cuda"]
+        code, _, err = run_main(["predict.py", "--checkpoint", str(checkpoint), *question, *cuda])
         assert code == 2 and "--device cuda" in err and "Traceback" not in err
     damaged = tmp_path / "damaged"
     shutil.copytree(checkpoint, damaged)
     weights = damaged / "hf" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
-    code, _, err = cli("predict.py", "--checkpoint", str(damaged), *question)
+    code, _, err = run_main(["predict.py", "--checkpoint", str(damaged), *question])
     assert code == 2 and "cannot load the model" in err and "Traceback" not in err
     settings = damaged / "hf" / "qa_settings.json"
     shutil.copy(checkpoint / "hf" / "model.safetensors", weights)
     raw = json.loads(settings.read_text())
     settings.write_text(json.dumps({**raw, "max_seq_length": "long"}))
-    code, _, err = cli("predict.py", "--checkpoint", str(damaged), *question)
+    code, _, err = run_main(["predict.py", "--checkpoint", str(damaged), *question])
     assert code == 2 and "max_seq_length" in err and "Traceback" not in err
     settings.write_text(json.dumps({**raw, "precision": "fp8"}))  # a string, but no precision
-    code, _, err = cli("predict.py", "--checkpoint", str(damaged), *question)
+    code, _, err = run_main(["predict.py", "--checkpoint", str(damaged), *question])
     assert code == 2 and "precision is 'fp8'" in err and "Traceback" not in err
 
 
@@ -111,7 +112,7 @@ def test_a_damaged_export_is_refused_not_used(damage: str, trained, tmp_path: Pa
         too_long = {**settings, "doc_stride": settings["max_seq_length"]}
         (hf / "qa_settings.json").write_text(json.dumps(too_long))
     question = ["--question", "Who won?", "--context", "Denver won."]
-    code, _, err = cli("predict.py", "--checkpoint", str(damaged), *question)
+    code, _, err = run_main(["predict.py", "--checkpoint", str(damaged), *question])
     expected = EXPORT_DAMAGE[damage]
     assert code == 2 and expected in err and "Traceback" not in err, err[-2000:]
 
@@ -129,10 +130,10 @@ def test_contradictory_records_and_foreign_devices_are_named(trained, tmp_path: 
     with pytest.raises(DataError, match="is_impossible is true but it has 1 answer"):
         squad_files.load_squad(bad, training=False)
     question = ["--question", "Who won?", "--context", "Denver won."]
-    code, _, err = cli("predict.py", "--checkpoint", str(trained[0]), *question, "--device", "meta")
+    code, _, err = run_main(["predict.py", "--checkpoint", str(trained[0]), *question, "--device", "meta"])
     assert code == 2 and "--device 'meta'" in err and "Traceback" not in err
     answer_v2 = ["--squad", str(DEV_V2), "--out", str(tmp_path / "p.json")]
-    code, _, err = cli("predict.py", "--checkpoint", str(trained[0]), *answer_v2)
+    code, _, err = run_main(["predict.py", "--checkpoint", str(trained[0]), *answer_v2])
     assert code == 0 and "trained on v1.1" in err
 
 
@@ -219,7 +220,7 @@ def test_an_export_that_does_not_fit_its_model_is_refused(damage: str, trained, 
         (hf / "qa_settings.json").write_text(json.dumps({**settings, "max_seq_length": 1024}))
         needle = "above the model's 512 positions"
     question = ["--question", "Who?", "--context", "Me."]
-    code, _, err = cli("predict.py", "--checkpoint", str(checkpoint), *question)
+    code, _, err = run_main(["predict.py", "--checkpoint", str(checkpoint), *question])
     assert code == 2 and needle in err and "Traceback" not in err, err[-2000:]
 
 

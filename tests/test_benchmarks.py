@@ -6,22 +6,19 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.support.project import ROOT
+from tests.support.project import completed
 
 
 def test_inference_benchmark_runs_predicts_path_and_reports(trained, tmp_path: Path) -> None:
     ckpt, _ = trained
     out_json = tmp_path / "inference.json"
-    out = subprocess.run(
+    out = completed(
         [
-            sys.executable,
             "-m",
             "bench.inference",
             "--checkpoint",
@@ -38,10 +35,7 @@ def test_inference_benchmark_runs_predicts_path_and_reports(trained, tmp_path: P
             "0.05",
             "--json",
             str(out_json),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
+        ]
     )
     assert out.returncode == 0, out.stderr
     report = json.loads(out_json.read_text())
@@ -60,9 +54,7 @@ def test_inference_runtimes_compare_torch_and_onnx_with_scores(trained, tmp_path
     out_json = tmp_path / "runtimes.json"
     args = ["--runtimes", "--checkpoint", str(ckpt), "--questions", "30", "--single", "4",
             "--call-questions", "8", "--bert-base-questions", "0", "--json", str(out_json)]  # fmt: skip
-    out = subprocess.run(
-        [sys.executable, "-m", "bench.inference", *args], capture_output=True, text=True, timeout=300
-    )
+    out = completed(["-m", "bench.inference", *args])
     assert out.returncode == 0, out.stderr
     rows = {row["runtime"]: row for row in json.loads(out_json.read_text())["runtimes"]}
     assert {"torch-fp32", "onnx", "onnx-int8"} <= set(rows)
@@ -76,13 +68,7 @@ def test_inference_runtimes_compare_torch_and_onnx_with_scores(trained, tmp_path
 
 
 def _bench(script: str, *args: str) -> str:
-    done = subprocess.run(
-        [sys.executable, "-m", f"bench.{script.removesuffix('.py')}", *args],
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=ROOT,
-    )
+    done = completed(["-m", f"bench.{script.removesuffix('.py')}", *args])
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
 
@@ -500,10 +486,7 @@ def test_squad2_report_pairs_each_table_on_the_seeds_its_models_share(tmp_path: 
 def test_throughput_refuses_a_stride_as_wide_as_the_window() -> None:
     """bench.throughput: --doc-stride not below --max-seq-length is a usage error naming both
     flags, before any model or data is loaded (not the run plan's traceback)."""
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.throughput", "--skip-trial", "--max-seq-length", "64"],
-        capture_output=True, text=True, check=False, cwd=ROOT, timeout=120,
-    )  # fmt: skip
+    done = completed(["-m", "bench.throughput", "--skip-trial", "--max-seq-length", "64"])
     assert done.returncode == 2, done.stderr[-2000:]
     assert "--doc-stride 128 must be smaller than --max-seq-length 64" in done.stderr
     assert "Traceback" not in done.stderr

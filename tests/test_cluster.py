@@ -233,35 +233,25 @@ def test_asha_brackets_match_the_masters_arithmetic() -> None:
 # --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.cluster_stack
 @needs_containers
-def test_profiler_reports_system_metrics_when_the_yaml_enables_it(tiny_bert: Path, tmp_path: Path) -> None:
-    """const.yaml's `profiling: {enabled: true}` reaches Trainer.fit: the master receives the
-    profiler's system metrics (every ~10 s, so this run trains long enough for a few)."""
-    conf, hp = shaped_like("const.yaml", tiny_bert, tmp_path, batches=600, slots=1)
+def test_one_slot_trains_validates_checkpoints_and_profiles_like_a_cluster(
+    tiny_bert: Path, tmp_path: Path
+) -> None:
+    """One slot shaped like const.yaml: the master receives training and validation reports, the
+    checkpoint (with hf/ and its model card holding the master's scores), Determined-format logs,
+    and -- const.yaml's `profiling: {enabled: true}` reaching Trainer.fit -- the profiler's system
+    metrics (every ~10 s, so this run trains long enough for a few)."""
+    batches = 600
+    conf, hp = shaped_like("const.yaml", tiny_bert, tmp_path, batches=batches, slots=1)
     assert conf["profiling"] == {"enabled": True}
     cluster, record = trial_run(tmp_path, conf, hp)
     assert record.exit_codes == [0], record.failures()
-    groups = {r["group"] for r in cluster.master.system_metrics}
-    assert {"cpu", "memory", "disk", "network"} <= groups, groups
-    cpu = [r["metrics"] for r in cluster.master.system_metrics if r["group"] == "cpu"]
-    (agent,) = cpu[0]  # keyed by the agent, as the WebUI's Profiler tab reads them
-    assert 0 <= cpu[0][agent]["cpu_util_simple"] <= 100
-    # Off: no system metrics (a local run never asks; Determined only profiles on a cluster).
-    off = {**conf, "profiling": {"enabled": False}}
-    plan_off = run_plan.run_plan(off, experiment.local_hparams(off), 1)
-    assert not plan_off.fit_kwargs(None)["profiling_enabled"]
-
-
-@needs_containers
-def test_one_slot_trains_validates_and_checkpoints_like_a_cluster(tiny_bert: Path, tmp_path: Path) -> None:
-    conf, hp = shaped_like("const.yaml", tiny_bert, tmp_path, batches=8, slots=1)
-    cluster, record = trial_run(tmp_path, conf, hp)
-    assert record.exit_codes == [0], record.failures()
     val = cluster.master.validations()[-1]
-    assert val["steps_completed"] == 8 and val["metrics"]["batches"] == 8
+    assert val["steps_completed"] == batches and val["metrics"]["batches"] == batches
     assert {"exact_match", "f1"} <= set(val["metrics"])
     ckpt = cluster.master.checkpoints[-1]
-    assert ckpt.steps_completed == 8 and "hf/model.safetensors" in ckpt.resources
+    assert ckpt.steps_completed == batches and "hf/model.safetensors" in ckpt.resources
     path = cluster.storage / ckpt.uuid  # shared_fs host_path/UUID
     from transformers import AutoModelForQuestionAnswering
 
@@ -272,9 +262,16 @@ def test_one_slot_trains_validates_and_checkpoints_like_a_cluster(tiny_bert: Pat
     assert shown == {"exact_match": val["metrics"]["exact_match"], "f1": val["metrics"]["f1"]}
     # The trial logs in Determined's format, so the WebUI's level filter reads it.
     assert re.search(r"\[rank=0\] INFO: \[\d+\] determined\.core: report_training_metrics", record.logs[0])
-    # const.yaml turns the profiler on (reports come every 10 s: this run is shorter).
-    assert conf["profiling"] == {"enabled": True}
-    assert "[rank=0] INFO: [" in record.logs[0] and "Starting system metrics profiling." in record.logs[0]
+    assert "Starting system metrics profiling." in record.logs[0]
+    groups = {r["group"] for r in cluster.master.system_metrics}
+    assert {"cpu", "memory", "disk", "network"} <= groups, groups
+    cpu = [r["metrics"] for r in cluster.master.system_metrics if r["group"] == "cpu"]
+    (agent,) = cpu[0]  # keyed by the agent, as the WebUI's Profiler tab reads them
+    assert 0 <= cpu[0][agent]["cpu_util_simple"] <= 100
+    # Off: no system metrics (a local run never asks; Determined only profiles on a cluster).
+    off = {**conf, "profiling": {"enabled": False}}
+    plan_off = run_plan.run_plan(off, experiment.local_hparams(off), 1)
+    assert not plan_off.fit_kwargs(None)["profiling_enabled"]
 
 
 def test_the_upload_carries_the_bundled_data_local_yaml_reads() -> None:
@@ -297,6 +294,7 @@ def test_the_upload_carries_the_bundled_data_local_yaml_reads() -> None:
     assert size < 2_000_000, size
 
 
+@pytest.mark.cluster_stack
 @needs_containers
 def test_local_yaml_runs_on_the_cluster_from_the_upload(tmp_path: Path) -> None:
     """local.yaml as the master hands it (only its length cut to 2 batches): the context brings
@@ -346,6 +344,7 @@ def holding(*ports: int) -> Any:
         yield
 
 
+@pytest.mark.cluster_stack
 @needs_containers
 def test_two_slots_equal_a_one_process_evaluation_of_the_checkpoint(two_slots) -> None:
     tmp, _, _, cluster = two_slots
@@ -373,6 +372,7 @@ def test_every_report_carries_the_windows_throughput_for_the_webui(two_slots) ->
     assert val["perf_val_questions_per_s"] * val["perf_val_s"] == pytest.approx(questions)
 
 
+@pytest.mark.cluster_stack
 @needs_containers
 def test_pause_and_resume_equal_an_uninterrupted_run(two_slots, tmp_path: Path) -> None:
     _, conf, hp, baseline = two_slots
@@ -442,6 +442,7 @@ def test_searcher_stop_ends_the_trial_with_a_checkpoint(tiny_bert: Path, tmp_pat
     assert "the searcher stopped this trial" in record.logs[0]
 
 
+@pytest.mark.cluster_stack
 @needs_containers
 def test_truncated_latest_checkpoint_is_refused_before_training(two_slots, tmp_path: Path) -> None:
     _, conf, hp, baseline = two_slots

@@ -22,6 +22,8 @@ from tests.support.cli_result import last_json
 from tests.support.project import DATA, DEV_V1, DEV_V2, TRAIN_V1
 from tests.support.reference_features import compare, standard_recipe
 
+pytestmark = pytest.mark.cluster_stack  # tokenizers' offsets and NumPy arrays make the windows
+
 LOCAL_TRAIN = DATA / "local-train-v1.1.json"
 
 

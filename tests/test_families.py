@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,8 +19,19 @@ from extractive_qa.data.features import build_features, load_tokenizer
 from extractive_qa.data.squad_files import Example, load_squad
 from tests.support.cli_result import last_json
 from tests.support.families import FAMILIES, build
-from tests.support.project import DEV_V1, DEV_V2, ROOT, TRAIN_V1, run_cli, run_train, tiny_config, write_yaml
+from tests.support.project import (
+    DEV_V1,
+    DEV_V2,
+    TRAIN_V1,
+    completed,
+    run_cli,
+    run_train,
+    tiny_config,
+    write_yaml,
+)
 from tests.support.reference_features import standard_recipe
+
+pytestmark = pytest.mark.cluster_stack  # each family's model and tokenizer code is transformers'
 
 # Long enough that no question is cut (the standard recipe never cuts one; tiny vocabularies
 # make questions long), short enough that contexts overflow into several windows.
@@ -143,8 +153,7 @@ def test_each_family_trains_resumes_exports_and_answers(family: tuple[str, Path]
 
 
 def dry(config: Path, *extra: str) -> subprocess.CompletedProcess:
-    command = [sys.executable, "train.py", "--config", str(config), "--dry-run", *extra]
-    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    return completed(["train.py", "--config", str(config), "--dry-run", *extra])
 
 
 def test_attention_auto_picks_what_the_model_supports_and_refuses_what_it_lacks(tmp_path: Path) -> None:

@@ -16,6 +16,8 @@ from extractive_qa.data import flat_squad, squad_files
 from extractive_qa.errors import DataError
 from tests.support.project import DEV_V1, DEV_V2, TRAIN_V1, run_train, tiny_config, write_yaml
 
+pytestmark = pytest.mark.cluster_stack  # JSON Lines / Parquet readers on the image's NumPy
+
 
 def _fields(squad: squad_files.SquadSet) -> list[tuple[Any, ...]]:
     return [(e.id, e.title, e.context, e.question, e.answers, e.is_impossible) for e in squad.examples]

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 
 from extractive_qa.data import squad_files
 from tests.support.project import DEV_V1, DEV_V2, TRAIN_V1, run_train, tiny_config, write_yaml
+
+pytestmark = pytest.mark.cluster_stack  # the card reads transformers' config and the run's metrics
 
 
 def _card(checkpoint: Path) -> tuple[dict, str]:

@@ -11,6 +11,8 @@ import torch
 from extractive_qa.config import run_plan
 from extractive_qa.trial import model_io
 
+pytestmark = pytest.mark.cluster_stack  # autocast, CPU bf16 probes and transformers' loading report
+
 PROBES = [probe for _, probe, _ in model_io.CPU_BF16_UNITS]
 
 

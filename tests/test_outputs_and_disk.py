@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.project import ROOT, cli, run_train, trained_config
+from tests.support.project import ROOT, cli, run_main, run_train, trained_config
 
 # --------------------------------------------------------------------------------------------
 # Checkpoint storage: outside the upload, private, with room for one more.
@@ -92,7 +92,7 @@ def test_an_output_that_is_an_input_is_refused_and_the_input_kept(trained, tmp_p
     for out in (["--out", str(data)], ["--out-dir", str(tmp_path)]):
         if out[0] == "--out-dir":
             data = data.rename(tmp_path / "predictions.json")  # what --out-dir would write
-        code, _, err = cli("predict.py", "--checkpoint", str(checkpoint), "--squad", str(data), *out)
+        code, _, err = run_main(["predict.py", "--checkpoint", str(checkpoint), "--squad", str(data), *out])
         assert code == 2 and "is the input given as --squad" in err and "Traceback" not in err, err
         assert data.read_bytes() == before
     config = trained_config(checkpoint)
@@ -182,18 +182,6 @@ def test_a_checkpoint_write_that_fails_says_where_why_and_what_the_run_reached(
 # --------------------------------------------------------------------------------------------
 
 
-def run_main(module: str, *args: str) -> tuple[int, str]:
-    """An entry script's main() in this process: (exit code, stderr)."""
-    import contextlib
-    import importlib
-    import io
-
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-        code = importlib.import_module(module).main(list(args))
-    return code, err.getvalue()
-
-
 def test_no_writer_replaces_a_file_of_the_checkpoint_it_reads(trained, tmp_path: Path) -> None:
     """predict.py --out inside the checkpoint it answers with, train.py --metrics-out onto the
     checkpoint it resumes: refused before any work, the checkpoint byte for byte as it was."""
@@ -212,9 +200,9 @@ def test_no_writer_replaces_a_file_of_the_checkpoint_it_reads(trained, tmp_path:
     squad = ["--squad", str(ROOT / "squad_data" / "dev-v1.1-excerpt.json")]
     for target in ("hf/model.safetensors", "hf/qa_settings.json"):
         out = ["--out", str(checkpoint / target)]
-        code, err = run_main("predict", "--checkpoint", str(checkpoint), *squad, *out)
+        code, _, err = run_main(["predict.py", "--checkpoint", str(checkpoint), *squad, *out])
         assert code == 2 and "which this command reads (--checkpoint)" in err, err
-    code, err = run_main("predict", "--checkpoint", str(checkpoint / "hf"), *question)
+    code, _, err = run_main(["predict.py", "--checkpoint", str(checkpoint / "hf"), *question])
     assert code == 0, err  # the checkpoint still answers
     code, _, err = run_train(["--config", str(trained_config(trained[0])), "--resume", str(checkpoint),
                               "--batches", "8", "--checkpoint-dir", str(tmp_path / "c"),
@@ -230,19 +218,19 @@ def test_outputs_never_land_in_the_upload_nor_over_another_directory(trained, tm
     any work, naming the flag."""
     pytest.importorskip("onnxruntime")
     readme = (ROOT / "README.md").read_bytes()
-    code, err = run_main("export", "--checkpoint", str(trained[0]), "--out", str(ROOT))
+    code, _, err = run_main(["export.py", "--checkpoint", str(trained[0]), "--out", str(ROOT)])
     assert code == 2 and "already holds files" in err, err
     theirs = tmp_path / "theirs"
     theirs.mkdir()
     (theirs / "config.json").write_text("{}")
-    code, err = run_main("export", "--checkpoint", str(trained[0]), "--out", str(theirs))
+    code, _, err = run_main(["export.py", "--checkpoint", str(trained[0]), "--out", str(theirs)])
     assert code == 2 and "config.json" in err and (theirs / "config.json").read_text() == "{}", err
-    code, err = run_main("export", "--checkpoint", str(trained[0]), "--out", str(ROOT / "served"))
+    code, _, err = run_main(["export.py", "--checkpoint", str(trained[0]), "--out", str(ROOT / "served")])
     assert code == 2 and "inside the project directory" in err and not (ROOT / "served").exists(), err
     dev = str(ROOT / "squad_data" / "dev-v1.1-excerpt.json")
     train = ROOT / "squad_data" / "local-train-v1.1.json"
     kept = train.read_bytes()
-    code, err = run_main("data", "--convert", dev, "--out", str(train))
+    code, _, err = run_main(["data.py", "--convert", dev, "--out", str(train)])
     assert code == 2 and "inside the project directory" in err and train.read_bytes() == kept, err
     assert (ROOT / "README.md").read_bytes() == readme
 
@@ -258,11 +246,12 @@ def test_a_link_in_hf_is_refused_by_the_export_not_copied(trained, tmp_path: Pat
     secret.write_text("key")
     secret.chmod(0o600)
     (checkpoint / "hf" / "notes.txt").symlink_to(secret)
-    code, err = run_main("export", "--checkpoint", str(checkpoint), "--out", str(tmp_path / "out"))
+    code, _, err = run_main(["export.py", "--checkpoint", str(checkpoint), "--out", str(tmp_path / "out")])
     assert code == 2 and "notes.txt" in err and "not a plain file" in err, err
     assert not (tmp_path / "out" / "notes.txt").exists()
 
 
+@pytest.mark.cluster_stack
 def test_copies_keep_a_narrower_mode_and_checkpoint_files_share_one(trained, tmp_path: Path) -> None:
     import stat
 

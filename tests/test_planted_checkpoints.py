@@ -22,6 +22,8 @@ import torch
 
 from tests.support.project import run_train, trained_config
 
+pytestmark = pytest.mark.cluster_stack  # the resume guard: torch.save, pickle and NumPy on both stacks
+
 
 class Payload:
     """What a hostile checkpoint carries: unpickling it would create `marker`."""

@@ -14,7 +14,7 @@ import torch
 from extractive_qa.data import squad_files
 from extractive_qa.trial import callbacks
 from tests.support.cli_result import last_json
-from tests.support.project import DEV_V1, ROOT, run_cli, run_train, tiny_config, write_yaml
+from tests.support.project import DEV_V1, ROOT, completed, run_cli, run_train, tiny_config, write_yaml
 
 # A local run keeps only its latest and best checkpoints (save_trial_latest / save_trial_best);
 # these tests resume from the middle of a finished run.
@@ -28,6 +28,7 @@ def _checkpoints(root: Path) -> dict[int, Path]:
     return out
 
 
+@pytest.mark.cluster_stack
 def test_resume_mid_epoch_with_aggregation_equals_uninterrupted(tiny_bert: Path, tmp_path: Path) -> None:
     conf = tiny_config(tiny_bert, tmp_path)
     conf["optimizations"] = {"aggregation_frequency": 2}
@@ -58,6 +59,7 @@ def test_resume_mid_epoch_with_aggregation_equals_uninterrupted(tiny_bert: Path,
         assert resumed[key] == pytest.approx(full[key], abs=1e-6), key
 
 
+@pytest.mark.cluster_stack
 def test_bf16_resume_equals_uninterrupted(tiny_bert: Path, tmp_path: Path) -> None:
     """bf16 autocast over fp32 weights and AdamW state: a run resumed mid-epoch ends where the
     uninterrupted run does."""
@@ -88,6 +90,7 @@ def _torchrun_train(conf_path: Path, checkpoint_dir: Path, *extra: str) -> dict:
     return last_json(out.stdout)
 
 
+@pytest.mark.cluster_stack
 def test_two_process_resume_equals_uninterrupted(tiny_bert: Path, tmp_path: Path) -> None:
     """Each rank resumes its own random stream. Determined restores the chief's on every rank;
     the ranks' dropout draws differ once their padded batch widths do (with this seed, from batch
@@ -112,9 +115,7 @@ def test_resume_rejects_a_foreign_directory(tiny_bert: Path, tmp_path: Path) -> 
 
 
 def _predict(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(ROOT / "predict.py"), *args], capture_output=True, text=True, timeout=300
-    )
+    return completed(["predict.py", *args])
 
 
 def test_single_question_over_a_context_longer_than_one_window(trained) -> None:
@@ -226,6 +227,7 @@ def test_predict_errors(args: list[str], message: str, trained, tmp_path: Path) 
     assert "Traceback" not in out.stderr
 
 
+@pytest.mark.cluster_stack
 @pytest.mark.parametrize("damage", ["truncated_state", "missing_metadata"])
 def test_damaged_checkpoint_is_refused_before_training(damage: str, trained, tmp_path: Path) -> None:
     import shutil
@@ -271,6 +273,7 @@ def test_run_log_counts_steps_before_the_first_batch() -> None:
 PRE_MOVE = ROOT / "tests" / "fixtures" / "pre-move-checkpoint"
 
 
+@pytest.mark.cluster_stack
 def test_a_checkpoint_from_before_the_stage_layout_resumes_exactly(tmp_path: Path) -> None:
     """tests/fixtures/pre-move-checkpoint: a tiny BERT (400-token WordPiece vocabulary trained on
     the excerpts) trained 8 batches by the code as it was before the library moved into its stage
@@ -308,6 +311,7 @@ def test_a_checkpoint_from_before_the_stage_layout_resumes_exactly(tmp_path: Pat
 # --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.cluster_stack
 def test_changed_training_data_at_the_same_path_is_refused(trained, tmp_path: Path, caplog) -> None:
     """The same data.train_file path with other questions in it is another run: refused as
     changed settings are (both digests named), continued with --allow-changed."""
@@ -350,6 +354,7 @@ def _refused(code: int, err: str, *needles: str) -> None:
         assert needle in err, (needle, err[-3000:])
 
 
+@pytest.mark.cluster_stack
 def test_a_length_that_trains_nothing(trained, tmp_path: Path, caplog) -> None:
     """--resume DIR with --batches not beyond the checkpoint's: refused, saying how to continue.
     --resume auto on a finished run: exit 0 with the scores its checkpoint recorded."""

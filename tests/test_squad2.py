@@ -16,7 +16,7 @@ import pytest
 from extractive_qa.data.squad_files import load_squad
 from extractive_qa.qa import squad_metric
 from tests.support.cli_result import last_json
-from tests.support.project import DEV_V1, DEV_V2, ROOT, run_train, tiny_config, write_yaml
+from tests.support.project import DEV_V1, DEV_V2, completed, run_cli, run_train, tiny_config, write_yaml
 
 
 def official_script(version: str) -> Path | None:
@@ -46,11 +46,10 @@ def official(data: Path, preds: Path, odds: Path | None = None, thresh: float | 
 
 
 def ours(data: Path, preds: Path, odds: Path | None = None, thresh: float | None = None) -> dict:
-    command = [sys.executable, "-m", "extractive_qa.qa.squad_metric", str(data), str(preds)]
+    command = ["-m", "extractive_qa.qa.squad_metric", str(data), str(preds)]
     command += ["--na-prob-file", str(odds)] if odds else []
     command += ["--na-prob-thresh", str(thresh)] if thresh is not None else []
-    done = subprocess.run(command, capture_output=True, text=True, check=True, cwd=ROOT)
-    return last_json(done.stdout)
+    return run_cli(command)
 
 
 def assert_equal_key_for_key(a: dict, b: dict) -> None:
@@ -151,9 +150,7 @@ def trained_v2(tiny_bert: Path, tmp_path_factory: pytest.TempPathFactory) -> tup
 
 
 def predict(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "predict.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=600
-    )
+    return completed(["predict.py", *args])
 
 
 def test_v2_validation_reports_best_scores_and_saves_the_tuned_threshold(trained_v2) -> None:
@@ -218,7 +215,7 @@ def test_the_tuned_threshold_from_the_checkpoint_changes_the_answers_as_it_shoul
 
 
 def _bad(command: list[str]) -> subprocess.CompletedProcess:
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    done = completed(command[1:] if command[0] == sys.executable else command)
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr
     return done

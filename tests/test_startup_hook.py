@@ -12,7 +12,11 @@ import sys
 import venv
 from pathlib import Path
 
+import pytest
+
 from tests.support.project import ROOT
+
+pytestmark = pytest.mark.cluster_stack  # what the hook installs depends on the image's Python and torch
 
 
 def source_hook(python: str, model: str | None = None, context: Path = ROOT) -> subprocess.CompletedProcess:

@@ -7,7 +7,6 @@ import logging
 import math
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,15 @@ from extractive_qa.errors import DataError
 from extractive_qa.trial import model_io
 from tests.support import allreduce_probe
 from tests.support.cli_result import last_json
-from tests.support.project import DEV_V2, ROOT, one_process_scores, run_train, tiny_config, write_yaml
+from tests.support.project import (
+    DEV_V2,
+    ROOT,
+    one_process_scores,
+    run_cli,
+    run_train,
+    tiny_config,
+    write_yaml,
+)
 
 
 def _run(conf: dict, tmp: Path, *extra: str) -> tuple[int, dict | None, str]:
@@ -38,6 +45,7 @@ def _state(checkpoint: str) -> dict:
     return torch.load(Path(checkpoint) / "state_dict.pth", map_location="cpu", weights_only=restricted)
 
 
+@pytest.mark.cluster_stack
 def test_train_validate_checkpoint_and_hf_export(tiny_bert: Path, tmp_path: Path) -> None:
     code, result, err = _run(tiny_config(tiny_bert, tmp_path), tmp_path)
     assert code == 0, err
@@ -186,12 +194,7 @@ def test_resolved_learning_rate_reaches_optimizer_schedule_and_the_lr_metric(
     # batches (one optimizer step each) carry the rate that step was taken with.
     lrs = [r["metrics"]["lr"] for r in json.loads(metrics.read_text())["training"]]
     assert lrs[:2] == [pytest.approx(resolved / 2), pytest.approx(resolved)] and max(lrs) == lrs[1]
-    dry = last_json(
-        subprocess.run(
-            [sys.executable, "train.py", "--config", str(path), "--dry-run"],
-            cwd=ROOT, capture_output=True, text=True, check=True,
-        ).stdout
-    )  # fmt: skip
+    dry = run_cli(["train.py", "--config", str(path), "--dry-run"])
     assert dry["learning_rate"] == pytest.approx(resolved) and dry["reference_learning_rate"] == 1e-3
 
 
@@ -267,40 +270,34 @@ def test_slow_tokenizer_is_refused(tmp_path: Path, tokenizer) -> None:
         pytest.skip(f"transformers converted the vocabulary to a fast tokenizer ({type(loaded).__name__})")
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_torchrun_two_processes_equals_one_process_evaluation(
-    precision: str, tiny_bert: Path, tmp_path: Path
+@pytest.mark.cluster_stack
+def test_two_multi_process_runs_at_once_each_equal_a_one_process_evaluation(
+    tiny_bert: Path, tmp_path: Path
 ) -> None:
-    """Two gloo processes train and evaluate; one process evaluating the checkpoint (predict.py,
-    at the precision the checkpoint saved) scores the same."""
-    conf = tiny_config(tiny_bert, tmp_path)
-    conf["hyperparameters"]["precision"] = precision
-    path = write_yaml(conf, tmp_path / "exp.yaml")
-    program = [str(ROOT / "train.py"), "--config", str(path), "--checkpoint-dir", str(tmp_path / "ckpt")]
-    cmd, env = scaling_runs.torchrun(2, program)
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
-    assert out.returncode == 0, out.stderr[-3000:]
-    result = last_json(out.stdout)
-    assert result["steps_completed"] == 4
-    # One process evaluating the same weights (predict.py + squad_metric.py) gets the same scores.
-    single = one_process_scores(result["checkpoint"], conf["data"]["validation_file"], tmp_path)
-    assert single["exact_match"] == result["exact_match"] and single["f1"] == result["f1"]
-
-
-def test_two_local_multi_process_runs_at_once_do_not_cross_talk(tiny_bert: Path, tmp_path: Path) -> None:
-    """Determined's DistributedContext defaults to fixed ports (12360...), on which two 2-process
-    runs on one machine collide ("got non-_HelloMessage"); each run picks free ports instead."""
-    runs = []
-    for name in ("a", "b"):
-        (tmp_path / name).mkdir()
-        path = write_yaml(tiny_config(tiny_bert, tmp_path / name), tmp_path / name / "exp.yaml")
+    """Two 2-process gloo runs on one machine at once -- one in fp32, one in bf16 autocast -- each
+    train and evaluate, and one process evaluating each checkpoint (predict.py at the precision
+    the checkpoint saved, then squad_metric) scores the same. At once: Determined's
+    DistributedContext defaults to fixed ports (12360...), on which two runs on one machine collide
+    ("got non-_HelloMessage"); each run picks free ports instead."""
+    runs = {}
+    for precision in ("fp32", "bf16"):
+        (tmp_path / precision).mkdir()
+        conf = tiny_config(tiny_bert, tmp_path / precision)
+        conf["hyperparameters"]["precision"] = precision
+        path = write_yaml(conf, tmp_path / precision / "exp.yaml")
         program = [str(ROOT / "train.py"), "--config", str(path), "--batches", "4"]
-        cmd, env = scaling_runs.torchrun(2, program + ["--checkpoint-dir", str(tmp_path / name / "ckpt")])
-        runs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
-    for run in runs:
+        program += ["--checkpoint-dir", str(tmp_path / precision / "ckpt")]
+        cmd, env = scaling_runs.torchrun(2, program)
+        started = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        runs[precision] = (started, conf)
+    for precision, (run, conf) in runs.items():
         out, err = run.communicate(timeout=600)
         assert run.returncode == 0, err[-3000:]
-        assert last_json(out)["steps_completed"] == 4
+        result = last_json(out)
+        assert result["steps_completed"] == 4
+        data = conf["data"]["validation_file"]
+        single = one_process_scores(result["checkpoint"], data, tmp_path / precision)
+        assert (single["exact_match"], single["f1"]) == (result["exact_match"], result["f1"]), precision
 
 
 def test_two_processes_all_reduce_only_on_optimizer_step_batches(tiny_bert: Path, tmp_path: Path) -> None:

@@ -69,21 +69,47 @@ def run_train(args: list[str]) -> tuple[int, dict[str, Any] | None, str]:
     return code, result, err.getvalue()
 
 
-def run_cli(args: list[str], cwd: Path | None = None) -> dict[str, Any]:
-    """Run one of the project's CLIs (`[script, *args]`, or `["-m", module, *args]`) from the
-    repository root as a user would; its last stdout line, parsed as JSON. A non-zero exit fails
-    the test with the CLI's stderr."""
+def run_main(args: list[str], cwd: Path | None = None) -> tuple[int, str, str]:
+    """One of the project's CLIs -- `[script, *args]` or `["-m", module, *args]` -- called in this
+    process as its `main`, with sys.argv as a user's command line would set it: (exit code, stdout,
+    stderr). For what a command does with its arguments and files; where the process itself is
+    the subject (exit on a signal, the environment, a fresh interpreter) tests use cli()."""
+    import importlib
+    import inspect
+    import os
+
+    module, rest = (args[1], args[2:]) if args[0] == "-m" else (Path(args[0]).stem, args[1:])
+    main = importlib.import_module(module).main
+    out, err = io.StringIO(), io.StringIO()
+    argv, here = sys.argv, Path.cwd()
+    sys.argv = [module, *rest]
+    try:
+        os.chdir(cwd or ROOT)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(list(rest)) if inspect.signature(main).parameters else main()
+            except SystemExit as stop:  # argparse's usage errors and --help
+                code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 2)
+    finally:
+        sys.argv = argv
+        os.chdir(here)
+    return int(code or 0), out.getvalue(), err.getvalue()
+
+
+def completed(args: list[str], cwd: Path | None = None) -> Any:
+    """run_main's result in subprocess.CompletedProcess's form (returncode, stdout, stderr)."""
     import subprocess
 
-    out = subprocess.run(
-        [sys.executable, *(args if args[0] == "-m" else [str(ROOT / args[0]), *args[1:]])],
-        capture_output=True,
-        text=True,
-        cwd=cwd or ROOT,
-        timeout=600,
-    )
-    assert out.returncode == 0, f"{args[0]} exited {out.returncode}: {out.stderr[-3000:]}"
-    return last_json(out.stdout)
+    code, out, err = run_main(args, cwd)
+    return subprocess.CompletedProcess(args, code, out, err)
+
+
+def run_cli(args: list[str], cwd: Path | None = None) -> dict[str, Any]:
+    """run_main, required to succeed: the command's last stdout line, parsed as JSON. A non-zero
+    exit fails the test with the command's stderr."""
+    code, out, err = run_main(args, cwd)
+    assert code == 0, f"{args[0] if args[0] != '-m' else args[1]} exited {code}: {err[-3000:]}"
+    return last_json(out)
 
 
 def cli(*args: str) -> tuple[int, str, str]:
