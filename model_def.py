@@ -30,7 +30,9 @@ from extractive_qa.data.batching import (
 )
 from extractive_qa.data.features import vocabulary_sha256
 from extractive_qa.errors import ConfigError
-from extractive_qa.qa import model_card, outputs, qa_settings, squad_metric
+from extractive_qa.launch.identity import run_identity
+from extractive_qa.launch.local_run import TrialExtras
+from extractive_qa.qa import arithmetic, model_card, outputs, qa_settings, squad_metric
 from extractive_qa.trial import dropout_masks, model_io, perf_metrics
 from extractive_qa.trial.callbacks import CheckpointRecord, HFExport, RankRandomState, RunLog, SearcherStop
 from extractive_qa.trial.evaluation import SquadEvaluator
@@ -45,13 +47,14 @@ logger = logging.getLogger("squad")
 
 
 class SquadTrial(pytorch.PyTorchTrial):
-    def __init__(self, context: pytorch.PyTorchTrialContext) -> None:
+    def __init__(
+        self, context: pytorch.PyTorchTrialContext, local: Callable[[Any], TrialExtras] | None = None
+    ) -> None:
+        """`local`: what a run without a master adds (launch.local_run: progress display, Ctrl-C,
+        checkpoint retention, metric series), made from the built trial; Determined builds the
+        trial with the context alone."""
         self.context = context
         self.run_log = RunLog(context)
-        # What the caller adds before fit() (train.py: progress display, metric series), and
-        # what it runs before each batch (a local run's Ctrl-C check, the first progress line).
-        self.extra_callbacks: dict[str, pytorch.PyTorchCallback] = {}
-        self.before_batch: list[Callable[[int], None]] = []
         self.rank_random_state = RankRandomState(context)
         conf = context.get_experiment_config()
         self.experiment_name = conf.get("name")
@@ -60,7 +63,7 @@ class SquadTrial(pytorch.PyTorchTrial):
         # every checkpoint's hf/ saves, and what predict.py loads -- one object.
         eval_batch = self.plan.data.eval_batch_size_per_slot(context.get_per_slot_batch_size())
         # `auto` is settled here, where the device is known; the checkpoint saves the result.
-        self.precision, self.precision_why = model_io.resolve_precision(
+        self.precision, self.precision_why = arithmetic.resolve_precision(
             self.plan.hparams.precision, context.device.type
         )
         self.qa = dataclasses.replace(
@@ -87,6 +90,8 @@ class SquadTrial(pytorch.PyTorchTrial):
             ),
             for_validation=False,
         )
+        extras = local(self) if local is not None else TrialExtras({}, [])
+        self.extra_callbacks, self.before_batch = extras.callbacks, extras.before_batch
 
     def load_data(self) -> None:
         """SQuAD and its windowed features (data.py); the chief of each machine downloads and
@@ -113,7 +118,7 @@ class SquadTrial(pytorch.PyTorchTrial):
         returns the unwrapped model (the optimizer takes its parameters)."""
         hp, context, model_name = self.plan.hparams, self.context, self.plan.data.pretrained_model
         if context.device.type == "cuda":
-            model_io.configure_cuda_math(hp.tf32)
+            arithmetic.configure_cuda_math(hp.tf32)
         try:
             model, loaded, load_warnings = model_io.load_qa_model(
                 loadable_pretrained(model_name), **load_model_kwargs(self.plan.attention)
@@ -125,8 +130,8 @@ class SquadTrial(pytorch.PyTorchTrial):
         masks = (hp.dropout_masks, context.device.type, hp.torch_compile)
         if hp.gradient_checkpointing:
             compat.enable_activation_checkpointing(model, dropout_masks.recompute_context(*masks))
-        if self.precision in model_io.AUTOCAST_DTYPES:
-            model_io.fp32_logits(model)
+        if self.precision in arithmetic.AUTOCAST_DTYPES:
+            arithmetic.fp32_logits(model)
         if context.distributed.rank == 0:
             logger.info(
                 "model %s (%s): %s; precision %s (%s), attention %s (%s), gradient checkpointing %s, "
@@ -213,7 +218,7 @@ class SquadTrial(pytorch.PyTorchTrial):
         )
 
     def autocast(self) -> torch.autocast:
-        return model_io.autocast(self.context.device.type, self.precision)
+        return arithmetic.autocast(self.context.device.type, self.precision)
 
     def accumulating(self, batch_idx: int) -> contextlib.AbstractContextManager:
         """DDP's no_sync() for batches that only accumulate gradients (aggregation_frequency > 1).
@@ -297,7 +302,7 @@ class SquadTrial(pytorch.PyTorchTrial):
             "run_log": self.run_log,
             "rank_random_state": self.rank_random_state,
             "checkpoint_record": CheckpointRecord(
-                run_plan.run_identity(self.plan, self.experiment_name),
+                run_identity(self.plan, self.experiment_name),
                 {self.plan.length.unit: self.plan.length.value},
                 self.train_set.sha256,
                 self.run_log,

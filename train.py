@@ -26,33 +26,15 @@ from extractive_qa.config import run_plan
 from extractive_qa.config.experiment import from_cluster, from_command_line, settings_table
 from extractive_qa.dry_run import dry_run
 from extractive_qa.errors import ConfigError, DataError
-from extractive_qa.files import check_output_file, check_outputs, write_text_atomic
-from extractive_qa.trial import callbacks, interruption
-from extractive_qa.trial.checkpoint_rewrite import expected_for_plan
-from extractive_qa.trial.checkpoint_storage import (
-    check_free_space,
-    check_local_storage,
-    check_outside_upload,
-    checkpoint_write_failed,
-    prepare_local_storage,
-    write_failure_error,
-)
-from extractive_qa.trial.checkpoints import (
-    check_same_data,
-    check_same_run,
-    finished_resume,
-    note_length_change,
-    prepare_resume,
-    resume_from,
-    verify_on_chief,
-)
-from extractive_qa.trial.launch import join_process_group, local_world_size, seed_everything
+from extractive_qa.files import ROOT
+from extractive_qa.launch import interruption, local_run
+from extractive_qa.launch.process import local_world_size
+from extractive_qa.launch.resume import restore_on_cluster
+from extractive_qa.trial import optimization
 
 if TYPE_CHECKING:
     import model_def
 
-ROOT = Path(__file__).resolve().parent
-DATA_FILES = ("train_file", "validation_file")  # data.* paths a run reads (URLs never match a file)
 START_DIR = Path.cwd()  # where the user typed the command (a local run then works in ROOT)
 
 
@@ -86,7 +68,7 @@ project directory; --config and the other paths on the command line to where you
 """
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description="Fine-tune an encoder for extractive question answering on SQuAD, with "
         "Determined's Trainer (locally, under torchrun, or on a cluster).",
@@ -141,6 +123,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=ROOT / "checkpoints",
         help="where local runs keep checkpoints (DIR/determined/UUID)",
     )
+    return parser
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = build_parser()
     args = parser.parse_args(argv)
     # Local runs work in the project directory, as a cluster trial works in its context
     # directory: relative paths in a config are relative to it, and Determined copies it
@@ -172,116 +159,38 @@ def train_run(
 
     import model_def
 
-    info = det_internals.cluster_trial()
-    if info is not None:
-        source = from_cluster(info)
-    else:  # torchrun's WORLD_SIZE is the slot count of a local run
-        source = from_command_line(args, local_world_size())
-    # Check everything before any long work; a bad config ends here with a clear message.
-    plan = run_plan.run_plan(source.exp_conf, source.hparams, source.slots)
-    if not source.on_cluster:  # where this run writes, checked before it trains
-        check_local_storage(args.checkpoint_dir, ROOT)
-        if plan.data.cache_dir:
-            check_outside_upload(ROOT / plan.data.cache_dir, ROOT, "data.cache_dir")
-        if args.metrics_out:
-            check_output_file(args.metrics_out, "--metrics-out")
-            data = source.exp_conf.get("data") or {}
-            inputs = {f"data.{k}": ROOT / data[k] for k in DATA_FILES if data.get(k)}
-            inputs["--config"] = args.config
-            inputs["--checkpoint-dir"] = args.checkpoint_dir  # the checkpoints a resume reads
-            if isinstance(args.resume, Path):
-                inputs["--resume"] = args.resume
-            check_outputs({"--metrics-out": args.metrics_out}, inputs)
-    distributed = join_process_group(source.on_cluster, plan.collective_timeout_s)
-    if not source.on_cluster:
-        os.chdir(ROOT)
-        seed_everything(plan.seed)
-        # Local checkpoints go to DIR/determined/UUID (Determined's local storage follows XDG).
-        os.environ["XDG_DATA_HOME"] = str(args.checkpoint_dir.resolve())
-        if args.resume:
-            identity = run_plan.run_identity(plan, source.exp_conf.get("name"))
-            resume = resume_from(args.resume, args.checkpoint_dir, identity)
-            if resume is not None:  # Determined restores a private copy, rewritten from the decoded one
-                storage = args.checkpoint_dir / "determined"
-                same_run = None  # `auto` and `latest` pick only this run's checkpoints
-                if args.resume not in ("auto", "latest"):
-                    same_run = functools.partial(
-                        check_same_run, identity=identity, allow_changed=args.allow_changed, shown=resume
-                    )
-                expected = expected_for_plan(plan)
-                private, steps = prepare_resume(resume, storage, expected, "--resume", same_run)
-                source.steps_completed = steps
-                cleanup.callback(private.remove)
-                source.latest_checkpoint = private.path.name
-                source.resumed, source.resumed_copy = resume, private.path
-                note_length_change(private.path, {plan.length.unit: plan.length.value})
-                if plan.length.unit == "batches":  # epochs: once the trial knows their length
-                    done = finished_resume(args.resume, source, plan.length.value)
-                    if done is not None:
-                        return done if distributed is None or distributed.rank == 0 else None
+    info = det_internals.cluster_trial()  # on a cluster the master hands the config over
+    source = from_cluster(info) if info is not None else from_command_line(args, local_world_size())
+    plan = run_plan.run_plan(source.exp_conf, source.hparams, source.slots)  # a bad config ends here
+    expected = functools.partial(optimization.expected_state, plan)  # what a resumed checkpoint must fit
+    local = None if source.on_cluster else local_run.prepare(args, source, plan, expected, cleanup)
+    if local is not None and plan.length.unit == "batches":  # epochs: once the trial counts them
+        done = local.finished(plan.length.value)
+        if done is not None:
+            return done if local.rank == 0 else None
     compat.allow_determined_checkpoints()
-
     with (
         det_internals.collective_timeout(plan.collective_timeout_s),
         det_internals.local_gpus_torch_sees(source.on_cluster),
-        pytorch.init(**plan.init_kwargs(source.exp_conf), distributed=distributed) as context,
+        pytorch.init(**plan.init_kwargs(source.exp_conf), distributed=local and local.distributed) as context,
     ):
-        if source.checkpoint_path is not None:  # before the model and data are loaded
-            expected = functools.partial(expected_for_plan, plan)
-            name, private = verify_on_chief(
-                context.distributed, source.checkpoint_path, "DET_LATEST_CHECKPOINT", expected
+        if source.checkpoint_path is not None:  # a cluster's latest checkpoint, before model and data
+            source.latest_checkpoint = restore_on_cluster(
+                context.distributed, source.checkpoint_path, expected, cleanup
             )
-            source.latest_checkpoint = name  # every rank restores the chief's rewritten copy
-            if private is not None:
-                cleanup.callback(private.remove)
-        trial = (trial_class or model_def.SquadTrial)(context)
-        if source.resumed is not None:  # the data read and the length known: before any training
-            check_same_data(source.resumed_copy, trial.train_set.sha256, args.allow_changed, source.resumed)
-            total = run_plan.total_batches(plan.length, trial.batches_per_epoch())
-            done = finished_resume(args.resume, source, total)
-            if done is not None:
-                return done if context.distributed.rank == 0 else None
-        series = None
-        if args.metrics_out and context.distributed.rank == 0:
-            series = trial.extra_callbacks["metric_series"] = callbacks.MetricSeries(trial.run_log)
-        stop = None
-        if not source.on_cluster:
-            # Ctrl-C / SIGTERM: finish the batch, checkpoint, say how to resume (interruption.py).
-            gather = trial.rank_random_state.gather  # the exit checkpoint holds every rank's state
-            stop = interruption.Interruption(context.distributed, context.device, gather)
-            trial.before_batch.append(stop.before_batch)
-        if not source.on_cluster and context.distributed.rank == 0:
-            shown = local_progress(context, plan, trial.batches_per_epoch())
-            trial.extra_callbacks["progress"] = shown
-            trial.before_batch.append(shown.before_batch)
-            trial.extra_callbacks["retention"] = local_retention(source.exp_conf, trial.run_log)
-            prepare_local_storage(args.checkpoint_dir)  # the trial is built: the config was good
-            check_free_space(args.checkpoint_dir, sum(p.numel() for p in trial.model.parameters()))
+        trial = (trial_class or model_def.SquadTrial)(context, local.extras(context) if local else None)
+        done = local.before_fit(trial, context) if local is not None else None
+        if done is not None:
+            return done if context.distributed.rank == 0 else None
         trainer = pytorch.Trainer(trial, context)
-        # A cluster's controller starts at the master's steps_completed; locally we pass ours.
-        with (
-            det_internals.resume_at(0 if source.on_cluster else source.steps_completed),
-            stop or contextlib.nullcontext(),
-        ):
-            storage = args.checkpoint_dir / "determined"  # what was there: a failed write's debris is new
-            before = {p.name for p in storage.iterdir()} if storage.is_dir() else set()
-            try:
-                trainer.fit(**plan.fit_kwargs(source.latest_checkpoint, source.on_cluster))
-            except interruption.StoppedNow:  # a second Ctrl-C
-                checkpoint, rank = trial.run_log.checkpoint, context.distributed.rank
-                raise interruption.Interrupted(130, None, checkpoint, rank) from None
-            except (OSError, RuntimeError) as err:
-                if source.on_cluster or not checkpoint_write_failed(err):
-                    raise
-                done, scores = trial.run_log.steps_completed, trial.run_log.validation
-                raise write_failure_error(err, args.checkpoint_dir, before, done, scores) from None
-        if stop is not None and stop.stopped_at is not None:
-            rank = context.distributed.rank
-            raise interruption.Interrupted(stop.exit_code(), stop.stopped_at, trial.run_log.checkpoint, rank)
+        if local is None:
+            trainer.fit(**plan.fit_kwargs(source.latest_checkpoint, True))
+        else:
+            local.fit(trainer, trial, context)
         if context.distributed.rank != 0:
             return None
-        if args.metrics_out:
-            write_metrics(args.metrics_out, source.exp_conf, plan, context.distributed.size, series.series)
+        if local is not None:
+            local.report(context.distributed.size)
         return final_result(trial)
 
 
@@ -298,44 +207,6 @@ def final_result(trial: model_def.SquadTrial) -> dict[str, Any]:
         "stopped_by_searcher": log.stopped_by_searcher,
         **perf_metrics.run_rates(trial.perf),
     }
-
-
-def local_progress(context: Any, plan: run_plan.RunPlan, batches_per_epoch: int) -> Any:
-    """The progress display of a local run (rank 0): total batches from the plan."""
-    from extractive_qa.trial import progress
-
-    unit = batches_per_epoch if plan.length.unit == "epochs" else 1
-    total = plan.length.value * unit
-    return progress.Progress(context, total, batches_per_epoch, plan.hparams.global_batch_size)
-
-
-def local_retention(exp_conf: dict[str, Any], run_log: Any) -> Any:
-    """checkpoint_storage's save_trial_latest / save_trial_best, applied to a local run's own
-    checkpoints (a master does it on a cluster)."""
-    storage = exp_conf.get("checkpoint_storage") or {}
-    searcher = exp_conf.get("searcher") or {}
-    return callbacks.LocalRetention(
-        run_log,
-        latest=int(storage.get("save_trial_latest", 1)),
-        best=int(storage.get("save_trial_best", 1)),
-        metric=searcher.get("metric", "f1"),
-        smaller_is_better=bool(searcher.get("smaller_is_better", False)),
-    )
-
-
-def write_metrics(
-    path: Path, exp_conf: dict[str, Any], plan: run_plan.RunPlan, slots: int, series: dict
-) -> None:
-    record = {
-        "name": exp_conf.get("name"),
-        "state": "COMPLETED",
-        "slots": slots,
-        "global_batch_size": plan.hparams.global_batch_size,
-        "aggregation_frequency": plan.aggregation_frequency,
-        "optimizer": plan.hparams.optimizer,
-        **series,
-    }
-    write_text_atomic(path, json.dumps(record, indent=1))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -356,7 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Determined's own format: the WebUI parses the level from it for its log-level filter.
     logging.basicConfig(level=logging.INFO, format=determined.LOG_FORMAT)
     if not args.dry_run and det_internals.cluster_trial() is None:
-        from extractive_qa.trial import progress
+        from extractive_qa.launch import progress
 
         progress.quiet_determined_log()  # the progress display says it; a cluster keeps it all
         progress.hide_library_progress_bars()

@@ -26,9 +26,8 @@ from typing import Any
 
 from bench.common import tiny_validation_file
 from extractive_qa.config import experiment
+from extractive_qa.files import ROOT
 from tests.support import allreduce_probe
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[int]]:

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+from extractive_qa.files import ROOT
 
 
 def run_one(config: str, frequency: int, optimizer: str, workdir: Path) -> dict[str, Any]:

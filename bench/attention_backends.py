@@ -2,7 +2,7 @@
 
     python3 -m bench.attention_backends [--batch-size 64] [--batches 12]
 
-Why model_io.configure_cuda_math turns cuDNN attention off and TF32 on. Dynamic padding gives
+Why arithmetic.configure_cuda_math turns cuDNN attention off and TF32 on. Dynamic padding gives
 every batch one of up to max_seq_length / pad_to_multiple_of widths. Each variant trains random
 BERT-base (bench/common.py's Loop: the trial's train_batch) over the same length-grouped
 batches twice: pass 1 meets each width for the first time, pass 2 repeats them. A backend that
@@ -58,9 +58,7 @@ def main() -> int:
     conf = experiment.load_yaml(tp.trial_config(settings, model_path, tmp))
     hp = run_plan.run_plan(conf, experiment.local_hparams(conf), 1).hparams
     squad = squad_files.load_squad(settings.train_file, training=True)
-    features = build_features(
-        squad.examples, tokenizer, WindowSpec(384, 128, 64), labels=True, offsets=False
-    )
+    features = build_features(squad.examples, tokenizer, WindowSpec(384, 128, 64), labels=True, offsets=False)
     sampler = FeatureBatchSampler(
         features.lengths, args.batch_size, shuffle=True, batching="sorted", seed=tp.SEED
     )

@@ -122,9 +122,7 @@ def stats(args: argparse.Namespace, result: dict[str, Any]) -> None:
     # Full-size: SQuAD v1.1 at 384/128 has ~88.6k windows; lengths drawn from the bundled text's.
     tokenizer = load_tokenizer(plan.data.pretrained_model)
     squad = squad_files.load_squad(ROOT / plan.data.train_file, training=True)
-    long = build_features(
-        squad.examples, tokenizer, WindowSpec(384, 128, 64), labels=True, offsets=False
-    )
+    long = build_features(squad.examples, tokenizer, WindowSpec(384, 128, 64), labels=True, offsets=False)
     full = np.random.default_rng(0).choice(long.lengths, SQUAD_V11_WINDOWS)
     rows = {}
     for arm in ARMS:

@@ -29,10 +29,9 @@ from pathlib import Path
 
 from extractive_qa import scaling_runs
 from extractive_qa.config import experiment
+from extractive_qa.files import ROOT
 from tests.support import det_cluster
 from tests.support.cli_result import last_json
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def config_for(batches: int, cache: Path) -> tuple[dict, dict]:

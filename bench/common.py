@@ -28,10 +28,10 @@ from extractive_qa.config import experiment
 from extractive_qa.config.model_family import EMBEDDED_MODEL, load_model_kwargs, resolve_pretrained
 from extractive_qa.config.settings import Hyperparameters
 from extractive_qa.data.batching import forward_params, model_inputs
-from extractive_qa.trial import dropout_masks, launch, model_io, optimization
-
-ROOT = Path(__file__).resolve().parents[1]
-
+from extractive_qa.files import ROOT
+from extractive_qa.launch import process as launch
+from extractive_qa.qa import arithmetic
+from extractive_qa.trial import dropout_masks, optimization
 
 BERT_BASE = dict(
     vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072
@@ -80,10 +80,10 @@ class Loop:
         hf_logging.disable_progress_bar()  # a 'Loading weights' bar per rung between the table rows
         launch.seed_everything(SEED)  # as train.py seeds before the trial builds its model
         if device.type == "cuda":
-            model_io.configure_cuda_math(rung.tf32)
+            arithmetic.configure_cuda_math(rung.tf32)
         model = AutoModelForQuestionAnswering.from_pretrained(model_path, **load_model_kwargs(rung.attn))
-        if rung.precision in model_io.AUTOCAST_DTYPES:
-            model_io.fp32_logits(model)  # as the trial does
+        if rung.precision in arithmetic.AUTOCAST_DTYPES:
+            arithmetic.fp32_logits(model)  # as the trial does
         self.model = model.to(device).train()
         self.accepted = forward_params(model)
         if rung.optimizer == "plain":
@@ -108,11 +108,10 @@ class Loop:
         # The labelled ranges are what bench.cpu_step's profile groups time by.
         record = torch.profiler.record_function
         inputs = {
-            k: v.to(self.device, non_blocking=True)
-            for k, v in model_inputs(batch, self.accepted).items()
+            k: v.to(self.device, non_blocking=True) for k, v in model_inputs(batch, self.accepted).items()
         }
         masks = dropout_masks.masks(self.masks, self.device.type, bool(self.compiled))
-        with record("forward"), masks, model_io.autocast(self.device.type, self.precision):
+        with record("forward"), masks, arithmetic.autocast(self.device.type, self.precision):
             loss = self.forward(**inputs).loss
         with record("backward"):
             if self.scaler:
@@ -152,7 +151,7 @@ def cpu_description() -> dict[str, Any]:
         "family": family.strip(),
         "cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
-        "bf16_units": model_io.cpu_bf16_units() or ["none"],
+        "bf16_units": arithmetic.cpu_bf16_units() or ["none"],
         "flags": sorted(f for f in flags if f.startswith(("avx512", "amx", "avx2", "fma", "avx_vnni"))),
         "torch": torch.__version__,
     }

@@ -22,8 +22,6 @@ from typing import Any
 from extractive_qa.qa.answers import extract_answers
 from tests.support.reference_extraction import loop_extract, setup, standard_postprocess, trained_shaped
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 def best_of(repeats: int, fn: Callable[..., Any], *args: Any) -> tuple[Any, float]:
     """The result and the fastest of `repeats` timed calls (the first also pays cold caches)."""

@@ -1,5 +1,4 @@
-"""The FLOPs of a training step, for throughput and MFU figures.
-"""
+"""The FLOPs of a training step, for throughput and MFU figures."""
 
 from __future__ import annotations
 
@@ -21,4 +20,3 @@ def training_flops(model: torch.nn.Module, batch: int, width: int) -> float:
     params = sum(p.numel() for n, p in unwrap(model).named_parameters() if "embeddings" not in n)
     tokens = batch * width
     return tokens * (6.0 * params + 12.0 * cfg.num_hidden_layers * cfg.hidden_size * width)
-

@@ -19,9 +19,8 @@ import time
 from pathlib import Path
 
 from extractive_qa.data import feature_cache
+from extractive_qa.files import ROOT
 from tests.support.cli_result import last_json
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_json(cmd: list[str]) -> dict:

@@ -2,7 +2,7 @@
 
 Two parts, one run:
 
-1. End to end (`predict.Predictor`: windowing, batched forward, answer extraction) on the real
+1. End to end (`Predictor`: windowing, batched forward, answer extraction) on the real
    dev-v1.1 excerpt -- batch mode (all questions at once, time split into features / model /
    extraction) and single mode (one question per call, the latency a user of
    `predict.py --question` sees). Default model: the embedded MiniLM BERT exported like a
@@ -35,19 +35,15 @@ from typing import Any
 
 import torch
 
-import predict
 from bench.common import BERT_BASE, machine_text, sync
 from extractive_qa.config import experiment, run_plan
 from extractive_qa.config.model_family import resolve_pretrained
 from extractive_qa.data import squad_files
 from extractive_qa.data.features import load_tokenizer
 from extractive_qa.errors import ConfigError, DataError
-from extractive_qa.files import write_text_atomic
-from extractive_qa.qa import qa_settings
-from extractive_qa.trial import model_io
-
-ROOT = Path(__file__).resolve().parents[1]
-
+from extractive_qa.files import ROOT, write_text_atomic
+from extractive_qa.qa import arithmetic, qa_settings
+from extractive_qa.serve.predictor import Predictor
 
 NVIDIA_V100_SEQ_PER_S = 119.0
 
@@ -69,7 +65,7 @@ def export_embedded(target: Path, conf_path: Path) -> Path:
     return target
 
 
-def end_to_end(predictor: predict.Predictor, examples: list, single: int) -> dict[str, Any]:
+def end_to_end(predictor: Predictor, examples: list, single: int) -> dict[str, Any]:
     predictor.answer(examples[:4])  # warm-up: first-call allocations, thread pools
 
     t0 = time.perf_counter()
@@ -120,7 +116,7 @@ def forward_rate(
         "attention_mask": torch.ones_like(ids),
         "token_type_ids": torch.zeros_like(ids),
     }
-    with torch.inference_mode(), model_io.autocast(device.type, dtype):
+    with torch.inference_mode(), arithmetic.autocast(device.type, dtype):
         for _ in range(2):
             model(**inputs)
         sync(device)
@@ -136,7 +132,7 @@ def forward_rate(
 
 def shapes(models: dict[str, torch.nn.Module], args: argparse.Namespace, device: torch.device) -> list[dict]:
     # On a CPU, bf16 beside fp32 where the CPU has bf16 matrix units (what `precision: auto` picks).
-    cpu = ["fp32", "bf16"] if model_io.cpu_bf16_units() else ["fp32"]
+    cpu = ["fp32", "bf16"] if arithmetic.cpu_bf16_units() else ["fp32"]
     precisions = args.precisions or (["fp32", "fp16", "bf16"] if device.type == "cuda" else cpu)
     batches = args.shape_batches or ([1, 8, 32, 128] if device.type == "cuda" else [1, 8])
     rows = []
@@ -201,8 +197,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-
-
 def print_end_to_end(name: str, squad: str, report: dict[str, Any]) -> None:
     b, one = report["batch"], report["single"]
     print(f"end to end, {name}, {Path(squad).name}:")
@@ -218,7 +212,7 @@ def print_end_to_end(name: str, squad: str, report: dict[str, Any]) -> None:
     )
 
 
-def shape_models(predictor: predict.Predictor) -> dict[str, torch.nn.Module]:
+def shape_models(predictor: Predictor) -> dict[str, torch.nn.Module]:
     """The checkpoint's model and a random-init BERT-base (NVIDIA's reference shape)."""
     from transformers import BertConfig, BertForQuestionAnswering
 
@@ -258,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         try:
             checkpoint = args.checkpoint or str(export_embedded(Path(tmp), ROOT / "local.yaml"))
-            predictor = predict.Predictor(checkpoint, str(args.device))
+            predictor = Predictor(checkpoint, str(args.device))
             squad = squad_files.load_squad(args.squad, training=False)
         except (DataError, ConfigError) as err:
             print(f"error: {err}", file=sys.stderr)

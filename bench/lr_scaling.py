@@ -33,6 +33,9 @@ Goals (printed as PASS/FAIL; paired differences on shared seeds, 95 % t interval
 shipped rule, AdamW mean F1 within 2 points of 1x at 4x and within 4 points at 8x; within 1.5 of
 the best swept lr at 8x; RAdam within 3 points of AdamW at 2x (the form it ships: the best of its
 forms at 2x).
+
+One idea: the study's plan (which cells each phase runs, decided on the rows so far), its runs and
+its report judge the same goals, so they read together.
 """
 
 from __future__ import annotations

@@ -21,7 +21,8 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from extractive_qa.files import ROOT
+
 SHAPES = {
     "base": {
         "hidden_size": 768,

@@ -31,10 +31,8 @@ from typing import Any
 import scaling
 from extractive_qa.config import experiment
 from extractive_qa.config.model_family import EMBEDDED_MODEL, resolve_pretrained
+from extractive_qa.files import ROOT
 from tests.support import det_cluster, det_netns
-
-ROOT = Path(__file__).resolve().parents[1]
-
 
 PER_SLOT_BATCH = 8
 DELAYS: set[str | None] = set()  # the one-way delays the links had (None: netem missing)

@@ -79,7 +79,7 @@ def write_checkpoint(kind: str, directory: Path) -> None:
 
 def child(mode: str, kind: str, directory: Path) -> dict[str, Any]:
     """One measurement in this (fresh) process."""
-    from extractive_qa.trial import checkpoint_rewrite
+    from extractive_qa.launch import checkpoint_rewrite
 
     model, optimizer = build(kind, "meta")  # the expected shapes, as a resume builds them
     expected = checkpoint_rewrite.expected_state(model, optimizer)

@@ -16,19 +16,18 @@ from typing import Any
 
 import numpy as np
 
-import export
-import predict
 from bench.common import BERT_BASE
 from extractive_qa.config import experiment, run_plan
 from extractive_qa.config.model_family import EMBEDDED_MODEL
 from extractive_qa.data.features import load_tokenizer
-from extractive_qa.qa import qa_settings, squad_metric
-from extractive_qa.trial import model_io
+from extractive_qa.qa import arithmetic, qa_settings, squad_metric
+from extractive_qa.serve import export_dir
+from extractive_qa.serve.predictor import Predictor
 
 
 def runtimes_here() -> list[str]:
     """torch fp32 always; torch bf16 where `precision: auto` would pick it; both ONNX models."""
-    return ["torch-fp32", *(["torch-bf16"] if model_io.cpu_bf16_units() else []), "onnx", "onnx-int8"]
+    return ["torch-fp32", *(["torch-bf16"] if arithmetic.cpu_bf16_units() else []), "onnx", "onnx-int8"]
 
 
 def random_bert_base(target: Path, conf_path: Path) -> Path:
@@ -56,7 +55,7 @@ def percentiles(ms: list[float]) -> dict[str, float]:
     return {"ms_p50": round(float(p50), 2), "ms_p90": round(float(p90), 2), "ms_p99": round(float(p99), 2)}
 
 
-def measure(predictor: predict.Predictor, examples: list, single: int, call_questions: int) -> dict[str, Any]:
+def measure(predictor: Predictor, examples: list, single: int, call_questions: int) -> dict[str, Any]:
     """Calls of `call_questions` questions over all of `examples` (their answers kept for EM/F1),
     then `single` calls of one question each."""
     predictor.answer(examples[:4])  # warm-up: first-call allocations, thread pools, ORT's arenas
@@ -86,15 +85,15 @@ def compare(
 ) -> list[dict[str, Any]]:  # fmt: skip
     """One row per runtime for one model (`real`: trained weights, so EM/F1 mean something)."""
     exported = tmp / f"export-{name.replace('/', '-')}"
-    record = export.export(checkpoint, exported, None, 32, int8=True)
+    record = export_dir.export(checkpoint, exported, None, 32, int8=True)
     files = {"onnx": "model.onnx", "onnx-int8": "model-int8.onnx"}
     differences = {"onnx": "onnx_max_abs_logit_difference", "onnx-int8": "int8_max_abs_logit_difference"}
     rows = []
     for runtime in runtimes:
         if runtime.startswith("torch"):
-            predictor = predict.Predictor(checkpoint, "cpu", precision=runtime.split("-")[1])
+            predictor = Predictor(checkpoint, "cpu", precision=runtime.split("-")[1])
         else:
-            predictor = predict.Predictor(str(exported), runtime=runtime)
+            predictor = Predictor(str(exported), runtime=runtime)
         measured = measure(predictor, examples, single, call_questions)
         answers = measured.pop("answers")
         row = {"model": name, "runtime": runtime, "questions": len(examples),

@@ -36,10 +36,10 @@ import torch
 from bench import study
 from bench.common import machine_text
 from extractive_qa.data.squad_files import load_squad
+from extractive_qa.files import ROOT
 from extractive_qa.qa import squad_metric
 from tests.support.cli_result import last_json
 
-ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "squad_data"
 CONFIG = "local_v2.yaml"
 TUNE = DATA / "local-tune-v2.0.json"
@@ -234,9 +234,7 @@ def precision_report(rows: list[dict]) -> list[str]:
         lines += ["", f"{CONFIG}, rule ({study.RULE}): {'; '.join(verdicts)} -> {default}"]
     lines += ["", "the bf16 checkpoints answered with an fp32 forward pass (fp32 - bf16 forward, paired):"]
     for label, path in measures:
-        diff = study.paired(
-            column(rows, "v2-bf16", ("fp32_forward", *path)), column(rows, "v2-bf16", path)
-        )
+        diff = study.paired(column(rows, "v2-bf16", ("fp32_forward", *path)), column(rows, "v2-bf16", path))
         lines.append(f"- {label}: {study.fmt_diff(diff)}")
     return lines
 
@@ -245,8 +243,8 @@ def overhead(args: argparse.Namespace, result: dict[str, Any]) -> None:
     """The v2 validation before (extraction + EM/F1) and after (+ best_* and the tuned threshold;
     + the three output files when data.save_predictions is on), side by side on one checkpoint's
     logits, against the whole validation (forward passes included)."""
-    import predict
     from extractive_qa.qa import outputs
+    from extractive_qa.serve.predictor import Predictor
 
     with tempfile.TemporaryDirectory(prefix="squad2-overhead-") as tmp:
         command = [sys.executable, "train.py", "--config", CONFIG, "--batches", "4"]
@@ -254,7 +252,7 @@ def overhead(args: argparse.Namespace, result: dict[str, Any]) -> None:
         done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
         if done.returncode != 0:
             raise SystemExit(done.stderr[-3000:])
-        predictor = predict.Predictor(last_json(done.stdout)["checkpoint"])
+        predictor = Predictor(last_json(done.stdout)["checkpoint"])
         examples = load_squad(EVALUATE, training=False).examples
         features = predictor.features(examples)
         started = time.perf_counter()

@@ -25,10 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from extractive_qa.files import ROOT
 from tests.support.cli_result import last_json
-
-ROOT = Path(__file__).resolve().parents[1]
-
 
 # Two-sided 95 % Student t quantiles by degrees of freedom (1..30); beyond that ~1.96.
 T975 = [

@@ -25,6 +25,9 @@ FLOPs per batch: flops.training_flops (6 x non-embedding parameters + 12 x layer
 width, per token computed, padding included; sources in its docstring and docs/gpu.md). On a GPU
 the table shows model FLOPs utilisation against the card's dense bf16 peak, and the fast path's
 projected time for SQuAD v1.1 x 2 epochs (88.6k windows x 2).
+
+One idea: the throughput ladder -- the trial against the bare loop, then one lever at a time --
+measured on identical batches in one run, so that its rungs compare.
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ from extractive_qa.config.settings import PRECISIONS, Hyperparameters, WindowSpe
 from extractive_qa.data import squad_files
 from extractive_qa.data.batching import Collator, FeatureBatchSampler, FeatureDataset, training_batches
 from extractive_qa.data.features import Features, build_features, load_tokenizer
-from extractive_qa.trial import model_io
+from extractive_qa.qa import arithmetic
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -145,9 +148,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             "(it is the overlap between consecutive windows)"
         )
     # bf16 on a GPU; on a CPU what `precision: auto` picks there (bf16 where it has bf16 units).
-    cpu_pick = model_io.resolve_precision("auto", "cpu")[0]
+    cpu_pick = arithmetic.resolve_precision("auto", "cpu")[0]
     args.precision = args.precision or ("bf16" if args.device.type == "cuda" else cpu_pick)
-    args.precision = model_io.resolve_precision(args.precision, args.device.type)[0]
+    args.precision = arithmetic.resolve_precision(args.precision, args.device.type)[0]
     if args.precision == "fp16" and args.device.type != "cuda":
         parser.error("--precision fp16 needs --device cuda")
     if min(args.batches, args.batch_size, args.repeats) < 1 or args.warmup < 0:
@@ -284,8 +287,9 @@ def fast_path_rungs(args: argparse.Namespace, hp: Hyperparameters) -> list[Rung]
     B, m = hp.batching, hp.pad_to_multiple_of  # the trial's default batching
     T = "torch"  # torch's dropout masks: the standard recipe's, and every rung before the fast ones
     rungs = [  # fmt: skip
-        Rung("standard recipe (pad to max, eager, AdamW, fp32)",
-             "padded", 1, "eager", "plain", "fp32", masks=T),
+        Rung(
+            "standard recipe (pad to max, eager, AdamW, fp32)", "padded", 1, "eager", "plain", "fp32", masks=T
+        ),
     ]
     if args.precision == "bf16" and args.device.type == "cpu":
         # The standard recipe with its own bf16 switch (the transformers example's --bf16 on a CPU).

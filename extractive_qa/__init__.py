@@ -1,5 +1,5 @@
 """Extractive question answering on SQuAD with Determined: the library behind the entry scripts.
 
-Stages, in reading order: config -> data -> qa -> trial -> export, then dry_run and scaling_runs on
+Stages, in reading order: config -> data -> qa -> launch -> trial -> serve, then dry_run and scaling_runs on
 top; beneath them all errors, cli, det_internals, files and compat. A module imports only from its own
-stage or the ones before it. The trial never needs export (optional dependencies)."""
+stage or the ones before it. The trial never imports serve (optional dependencies)."""

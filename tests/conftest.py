@@ -79,3 +79,23 @@ def trained(tiny_bert: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[
     return Path(result["checkpoint"]), result
 
 
+# --------------------------------------------------------------------------------------------
+# Where the suite's time goes: seconds per test file, printed after --durations' slowest tests.
+# --------------------------------------------------------------------------------------------
+
+_SECONDS_PER_FILE: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    path = report.nodeid.split("::")[0]
+    _SECONDS_PER_FILE[path] = _SECONDS_PER_FILE.get(path, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if not _SECONDS_PER_FILE:
+        return
+    terminalreporter.section("seconds per test file (setup + call + teardown)")
+    ranked = sorted(_SECONDS_PER_FILE.items(), key=lambda item: -item[1])
+    for path, seconds in ranked:
+        terminalreporter.write_line(f"{seconds:8.1f}  {path}")
+    terminalreporter.write_line(f"{sum(_SECONDS_PER_FILE.values()):8.1f}  in all")

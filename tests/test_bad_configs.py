@@ -147,7 +147,8 @@ PROBES: dict[str, tuple[Any, str]] = {
     "train-file-missing": (changed("data.train_file", "squad_data/nope.json"), "no such file in the project"),
     "python-object-tag": ("name: !!python/object/apply:os.system ['true']\n", "could not determine a"),
     "duplicate-key": (
-        "name: a\nhyperparameters:\n  learning_rate: 1e-4\n  learning_rate: 1e-2\n", "given twice"
+        "name: a\nhyperparameters:\n  learning_rate: 1e-4\n  learning_rate: 1e-2\n",
+        "given twice",
     ),
     "train-file-number": (changed("data.train_file", 5), "train_file"),
     "timeout-word": (

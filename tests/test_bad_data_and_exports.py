@@ -43,15 +43,17 @@ def test_predict_checks_its_inputs_and_outputs_before_any_work(trained, tmp_path
 
     checkpoint, _ = trained
     question = ["--question", "Who won?", "--context", "Denver won."]
-    code, _, err = run_main([
-        "predict.py",
-        "--checkpoint",
-        str(checkpoint),
-        "--squad",
-        "x.json",
-        "--out",
-        str(tmp_path / "no" / "p.json"),
-    ])
+    code, _, err = run_main(
+        [
+            "predict.py",
+            "--checkpoint",
+            str(checkpoint),
+            "--squad",
+            "x.json",
+            "--out",
+            str(tmp_path / "no" / "p.json"),
+        ]
+    )
     assert code == 2 and "--out" in err and "does not exist" in err and "Traceback" not in err
     if not torch.cuda.is_available():
         cuda = ["--device", "cuda"]
@@ -230,7 +232,7 @@ def test_an_onnx_model_with_other_inputs_or_outputs_is_refused(tmp_path: Path) -
     from onnx import TensorProto, helper
 
     from extractive_qa.errors import DataError
-    from extractive_qa.export.onnx_model import OnnxLogits
+    from extractive_qa.serve.onnx_model import OnnxLogits
 
     ids = helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["b", "s"])
     logits = helper.make_tensor_value_info("logits", TensorProto.INT64, ["b", "s"])

@@ -13,11 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import export
-import predict
 from extractive_qa.data import squad_files
 from extractive_qa.errors import DataError
-from extractive_qa.export import onnx_model
+from extractive_qa.serve import export_dir, onnx_model
+from extractive_qa.serve.predictor import Predictor
 from tests.support.families import build
 from tests.support.project import DEV_V1, DEV_V2, ROOT, run_cli, run_train, tiny_config, write_yaml
 
@@ -50,14 +49,14 @@ def _agreement(first: Path, second: Path) -> float:
 def test_export_matches_pytorch_and_answers_alike(family: str, tmp_path: Path) -> None:
     checkpoint = _checkpoint(build(family, tmp_path / family), tmp_path)
     out = tmp_path / "export"
-    result = export.export(str(checkpoint), out, None, 64, int8=True)
+    result = export_dir.export(str(checkpoint), out, None, 64, int8=True)
     assert result["onnx_max_abs_logit_difference"] <= onnx_model.FP32_TOLERANCE
     assert {"model.onnx", "model-int8.onnx", "tokenizer.json", "qa_settings.json", "README.md"} <= set(
         result["files"]
     )
     assert not (out / "model.safetensors").exists()
     # Windows of another file, in evaluation's batches: other batch sizes and widths than the export's.
-    reference = predict.Predictor(str(checkpoint), "cpu", precision="fp32")
+    reference = Predictor(str(checkpoint), "cpu", precision="fp32")
     examples = squad_files.load_squad(DEV_V2, training=False).examples[:40]
     batches = list(reference.batches(reference.features(examples)))
     assert len({tuple(b["input_ids"].shape) for b in batches}) > 1
@@ -77,8 +76,8 @@ def test_export_matches_pytorch_and_answers_alike(family: str, tmp_path: Path) -
 def test_export_twice_gives_the_same_files(trained: tuple[Path, dict], tmp_path: Path) -> None:
     checkpoint, _ = trained
     first, second = tmp_path / "a", tmp_path / "b"
-    export.export(str(checkpoint), first, None, 16, int8=True)
-    export.export(str(checkpoint), second, None, 16, int8=True)
+    export_dir.export(str(checkpoint), first, None, 16, int8=True)
+    export_dir.export(str(checkpoint), second, None, 16, int8=True)
     names = sorted(p.name for p in first.iterdir())
     assert names == sorted(p.name for p in second.iterdir())
     for name in names:
@@ -90,25 +89,25 @@ def test_export_twice_gives_the_same_files(trained: tuple[Path, dict], tmp_path:
 def test_export_refusals(trained: tuple[Path, dict], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     checkpoint, _ = trained
     with pytest.raises(DataError, match="which this command reads .--checkpoint"):
-        export.export(str(checkpoint), checkpoint / "hf" / "onnx", None, 16, int8=False)
+        export_dir.export(str(checkpoint), checkpoint / "hf" / "onnx", None, 16, int8=False)
     with pytest.raises(DataError, match="has no model.onnx; write it with `python3 export.py"):
-        predict.Predictor(str(checkpoint), runtime="onnx")
+        Predictor(str(checkpoint), runtime="onnx")
     out = tmp_path / "x"
-    export.export(str(checkpoint), out, None, 16, int8=False)
+    export_dir.export(str(checkpoint), out, None, 16, int8=False)
     with pytest.raises(DataError, match="has no model-int8.onnx"):
-        predict.Predictor(str(out), runtime="onnx-int8")
+        Predictor(str(out), runtime="onnx-int8")
     with pytest.raises(DataError, match="an ONNX export .no PyTorch weights.; answer with --runtime onnx"):
-        predict.Predictor(str(out))
+        Predictor(str(out))
     with pytest.raises(DataError, match="--precision bf16: the ONNX models compute in fp32"):
-        predict.Predictor(str(out), precision="bf16", runtime="onnx")
+        Predictor(str(out), precision="bf16", runtime="onnx")
     (out / "model.onnx").write_bytes((out / "model.onnx").read_bytes()[:1000])
     with pytest.raises(DataError, match="model.onnx: ONNX Runtime cannot load it"):
-        predict.Predictor(str(out), runtime="onnx")
+        Predictor(str(out), runtime="onnx")
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # the export extra not installed
     with pytest.raises(
         DataError, match=r"export.py needs onnxruntime \(pip install -r requirements-export.txt\)"
     ):
-        export.export(str(checkpoint), tmp_path / "y", None, 16, int8=False)
+        export_dir.export(str(checkpoint), tmp_path / "y", None, 16, int8=False)
     assert not (tmp_path / "y").exists()
 
 

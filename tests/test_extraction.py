@@ -74,9 +74,7 @@ def test_v2_null_chosen_by_threshold() -> None:
     v2 = extract_answers(examples, f, start, end, version_2=True)
     assert v2.text["q"] == "beta" and v2.null_score_diff[0] == -1.0
     assert (
-        extract_answers(examples, f, start, end, version_2=True, null_score_diff_threshold=-2.0).text[
-            "q"
-        ]
+        extract_answers(examples, f, start, end, version_2=True, null_score_diff_threshold=-2.0).text["q"]
         == ""
     )
     assert extract_answers(examples, f, start, end, version_2=False).text["q"] == "beta"

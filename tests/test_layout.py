@@ -17,7 +17,7 @@ PACKAGE = ROOT / "extractive_qa"
 ENTRY_SCRIPTS = {p.stem for p in ROOT.glob("*.py")}
 # The stages in the order a run goes through them; the base serves them all.
 BASE = ("errors", "cli", "det_internals", "files", "compat")
-STAGES = ("config", "data", "qa", "trial", "export")
+STAGES = ("config", "data", "qa", "launch", "trial", "serve")
 TOP = ("dry_run", "scaling_runs")
 # Past this, a module says in its docstring why it is still one idea ("One idea: ...").
 REVIEW_LINES = 400
@@ -87,6 +87,29 @@ def test_the_package_never_imports_an_entry_script() -> None:
         assert not top & ENTRY_SCRIPTS, f"{path.name} imports {sorted(top & ENTRY_SCRIPTS)}"
 
 
+def test_no_entry_script_imports_another() -> None:
+    """The root scripts are thin CLIs over the package, but for Determined's own convention (its
+    examples' model_def.py imports data.py, and their train.py builds model_def's trial for the
+    Trainer): the trial's data loading lives in data.py, and train.py builds model_def's trial."""
+    allowed = {("model_def", "data"), ("train", "model_def")}
+    found = {
+        (path.stem, name.split(".")[0])
+        for path in ROOT.glob("*.py")
+        for name in imported(path)
+        if name.split(".")[0] in ENTRY_SCRIPTS and name.split(".")[0] != path.stem
+    }
+    assert found <= allowed, sorted(found - allowed)
+
+
+def test_the_trial_never_imports_serve() -> None:
+    """What runs in a trial container (model_def.py, trial/, launch/) never needs the serving
+    stage's optional dependencies."""
+    trial_side = [ROOT / "model_def.py", ROOT / "train.py", *(PACKAGE / "trial").glob("*.py")]
+    trial_side += [*(PACKAGE / "launch").glob("*.py")]
+    offenders = [p.name for p in trial_side if any(n.startswith("extractive_qa.serve") for n in imported(p))]
+    assert not offenders, offenders
+
+
 def test_the_package_is_its_stages() -> None:
     """Every folder is a stage with a reading line naming exactly its modules; nothing else sits
     at the package's top."""
@@ -142,7 +165,12 @@ def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_modules_say_what_they_do_and_long_ones_why_they_are_one_idea() -> None:
-    for path in [*ROOT.glob("*.py"), *PACKAGE.rglob("*.py")]:
+    for path in [
+        *ROOT.glob("*.py"),
+        *PACKAGE.rglob("*.py"),
+        *(ROOT / "tests").rglob("*.py"),
+        *(ROOT / "bench").glob("*.py"),
+    ]:
         doc = ast.get_docstring(ast.parse(path.read_text()))
         assert doc, f"{path.relative_to(ROOT)} has no docstring"
         lines = path.read_text().count("\n")
@@ -152,13 +180,26 @@ def test_modules_say_what_they_do_and_long_ones_why_they_are_one_idea() -> None:
         )
 
 
+def test_shipped_functions_fit_on_a_screen() -> None:
+    """A function longer than 60 lines of the entry scripts or the package does several things."""
+    long = [
+        f"{path.relative_to(ROOT)}:{node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for path in [*ROOT.glob("*.py"), *PACKAGE.rglob("*.py")]
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.end_lineno - node.lineno + 1 > 60
+    ]
+    assert not long, long
+
+
 def test_test_functions_fit_on_a_screen() -> None:
     """A test longer than 60 lines tests several things: split it, or move its setup to a helper."""
     long = [
         f"{path.relative_to(ROOT)}:{node.name} ({node.end_lineno - node.lineno + 1} lines)"
         for path in (ROOT / "tests").rglob("test_*.py")
         for node in ast.walk(ast.parse(path.read_text()))
-        if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")
+        if isinstance(node, ast.FunctionDef)
+        and node.name.startswith("test_")
         and node.end_lineno - node.lineno + 1 > TEST_LINES
     ]
     assert not long, long

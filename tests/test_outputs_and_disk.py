@@ -18,7 +18,6 @@ from tests.support.project import ROOT, cli, run_main, run_train, trained_config
 def test_a_checkpoint_dir_inside_the_upload_is_refused_before_training(tmp_path: Path) -> None:
     import shutil
 
-
     inside = ROOT / "my-checkpoints"
     try:
         code, _, err = run_train(["--batches", "1", "--checkpoint-dir", str(inside)])
@@ -51,7 +50,7 @@ def test_outputs_that_cannot_be_written_are_refused_before_training(tmp_path: Pa
 
 
 def test_partial_checkpoints_are_named_and_the_storage_is_not_world_writable(tmp_path: Path, caplog) -> None:
-    from extractive_qa.trial.checkpoint_storage import prepare_local_storage
+    from extractive_qa.launch.storage import prepare_local_storage
 
     base = tmp_path / "c" / "determined"
     base.mkdir(parents=True, mode=0o777)
@@ -109,7 +108,6 @@ def test_too_little_space_for_a_checkpoint_is_named_before_training(
     import collections
     import shutil
 
-
     checkpoint, _ = trained
     usage = collections.namedtuple("usage", "total used free")
     monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**9, 10**9 - 10**5, 10**5))
@@ -165,7 +163,6 @@ def test_a_checkpoint_write_that_fails_says_where_why_and_what_the_run_reached(
     """torch.save's zip writer fails on a full disk with "unexpected pos" and no reason; the
     run ends with one line naming the directory, the space left and the scores it reached."""
     import torch
-
 
     def full_disk(*args: object, **kwargs: object) -> None:
         raise RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 4096 vs 4000")
@@ -269,7 +266,7 @@ def test_copies_keep_a_narrower_mode_and_checkpoint_files_share_one(trained, tmp
 def test_a_link_two_hops_from_the_upload_into_the_checkpoints_is_refused(tmp_path: Path) -> None:
     """project/lnk -> /x/hop and /x/hop/ck -> the checkpoints: Determined's copy follows both."""
     from extractive_qa.errors import ConfigError
-    from extractive_qa.trial.checkpoint_storage import check_upload_links
+    from extractive_qa.launch.storage import check_upload_links
 
     project, hop, checkpoints = tmp_path / "project", tmp_path / "hop", tmp_path / "ckpt"
     for folder in (project, hop, checkpoints):

@@ -2,7 +2,11 @@
 checks it against the model and the run, and writes a new one that Determined restores -- so no
 byte of the given files reaches torch.load or pickle.load. Each probe here is refused before any
 training (exit 2, the file and what is wrong named, no traceback), or, where a user may mean it,
-continues with a warning. All run in-process on the `trained` fixture's checkpoint."""
+continues with a warning. All run in-process on the `trained` fixture's checkpoint.
+
+One idea: every way a checkpoint given to a resume can be planted or wrong, against the one
+decode-check-write path that refuses them.
+"""
 
 from __future__ import annotations
 
@@ -137,9 +141,7 @@ def test_a_planted_pickle_is_refused_by_what_it_names(name: str, trained, tmp_pa
 
 
 # pickle protocol 4: STACK_GLOBAL of ("numpy.dtypes", "__builtins__.get"), then a call: eval.
-DOTTED = (
-    b"\x80\x04\x8c\x0cnumpy.dtypes\x94\x8c\x10__builtins__.get\x94\x93\x94\x8c\x04eval\x94\x85\x94R\x94."
-)
+DOTTED = b"\x80\x04\x8c\x0cnumpy.dtypes\x94\x8c\x10__builtins__.get\x94\x93\x94\x8c\x04eval\x94\x85\x94R\x94."
 
 
 @pytest.mark.parametrize("where", ["dotted-name", "pickle-before-the-zip"])
@@ -161,7 +163,7 @@ def test_the_loaders_read_only_bytes_the_rewrite_wrote(
 ) -> None:
     """A genuine resume: every file torch.load and pickle.load read is one the rewrite wrote (by
     content), in the private copy, never the checkpoint the user named; the copy is gone after."""
-    from extractive_qa.trial import checkpoint_rewrite
+    from extractive_qa.launch import checkpoint_rewrite
 
     checkpoint, _ = trained
     mine = copy_of(checkpoint, tmp_path)
@@ -206,7 +208,7 @@ def test_a_file_swapped_after_the_rewrite_is_never_read(
 ) -> None:
     """The window between reading and Determined's restore: a payload written into the user's
     checkpoint then must not run -- Determined restores the rewritten copy."""
-    from extractive_qa.trial import checkpoints
+    from extractive_qa.launch import resume as checkpoints
 
     checkpoint, _ = trained
     mine = copy_of(checkpoint, tmp_path)

@@ -34,7 +34,7 @@ def test_local_run_shows_progress_not_determineds_log(tiny_bert: Path, tmp_path:
 def test_progress_redraws_in_place_on_a_terminal() -> None:
     import io
 
-    from extractive_qa.trial import progress
+    from extractive_qa.launch import progress
 
     class Terminal(io.StringIO):
         def isatty(self) -> bool:

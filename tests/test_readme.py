@@ -68,11 +68,12 @@ def run_identity(args: list[str]) -> dict:
     """What a train.py command line's checkpoints record of their run (experiment.json)."""
     import train
     from extractive_qa.config import experiment, run_plan
+    from extractive_qa.launch.identity import run_identity
 
     parsed = train.parse_args(args)
     source = experiment.from_command_line(parsed, 1)
     plan = run_plan.run_plan(source.exp_conf, source.hparams, 1)
-    return json.loads(json.dumps(run_plan.run_identity(plan, source.exp_conf.get("name"))))
+    return json.loads(json.dumps(run_identity(plan, source.exp_conf.get("name"))))
 
 
 def how_to_run(command: str, work: Path) -> tuple[str, str] | None:
@@ -100,8 +101,10 @@ def how_to_run(command: str, work: Path) -> tuple[str, str] | None:
             mine = [path for path in mine if recorded(path) == identity]
         assert mine, f"{command!r}: no matching checkpoint written by an earlier command"
         line = line.replace("checkpoints/determined/UUID", str(mine[-1].relative_to(work)))
-    trains = script is not None and words[script] in ("train.py", "scaling.py") and not any(
-        flag in words for flag in ("--dry-run", "--settings", "--help")
+    trains = (
+        script is not None
+        and words[script] in ("train.py", "scaling.py")
+        and not any(flag in words for flag in ("--dry-run", "--settings", "--help"))
     )
     if trains:
         steps = max([steps for steps, _, _ in checkpoints(work)], default=0) if "--resume" in words else 0

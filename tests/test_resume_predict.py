@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from extractive_qa.data import squad_files
+from extractive_qa.launch import local_run
 from extractive_qa.trial import callbacks
 from tests.support.cli_result import last_json
 from tests.support.project import DEV_V1, ROOT, completed, run_cli, run_train, tiny_config, write_yaml
@@ -165,7 +166,7 @@ def test_batch_predictions_score_equal_to_the_trials_validation(trained, tmp_pat
 def test_bf16_predictions_score_equal_to_the_trials_validation(tiny_bert: Path, tmp_path: Path) -> None:
     """A bf16 run evaluates under bf16 autocast; predict.py computes the same way (from
     qa_settings.json), so its EM/F1 are the trial's. In fp32 they were not (F1 5.55 vs 5.79)."""
-    import predict
+    from extractive_qa.serve.predictor import Predictor
 
     conf = tiny_config(tiny_bert, tmp_path)
     conf["hyperparameters"].update(precision="bf16", learning_rate=3e-3)
@@ -184,13 +185,13 @@ def test_bf16_predictions_score_equal_to_the_trials_validation(tiny_bert: Path, 
     examples = squad_files.load_squad(DEV_V1, training=False).examples[:20]
     logits = {}
     for precision in ("bf16", "fp32"):
-        predictor = predict.Predictor(str(hf), "cpu", precision=precision)
+        predictor = Predictor(str(hf), "cpu", precision=precision)
         logits[precision] = predictor.logits(predictor.features(examples))[0]
     assert not (logits["bf16"] == logits["fp32"]).all()
 
 
 def test_qa_settings_from_before_precision_was_saved_load_as_fp32(trained, tmp_path: Path) -> None:
-    import predict
+    from extractive_qa.serve.predictor import Predictor
 
     ckpt, _ = trained
     hf = tmp_path / "hf"
@@ -198,7 +199,7 @@ def test_qa_settings_from_before_precision_was_saved_load_as_fp32(trained, tmp_p
     settings = json.loads((hf / "qa_settings.json").read_text())
     del settings["precision"], settings["tf32"]
     (hf / "qa_settings.json").write_text(json.dumps(settings))
-    predictor = predict.Predictor(str(hf), "cpu")
+    predictor = Predictor(str(hf), "cpu")
     assert (predictor.precision, predictor.settings.tf32) == ("fp32", True)
     out = _predict("--checkpoint", str(hf), "--question", "Who won?", "--context", "Denver won the title.")
     assert out.returncode == 0 and last_json(out.stdout)["answer"], out.stderr
@@ -252,7 +253,6 @@ def test_run_log_counts_steps_before_the_first_batch() -> None:
     run whose final validation is pending) reports where the run starts, not a batch index."""
     from determined import errors
 
-
     class Context:
         def current_train_batch(self) -> int:
             raise errors.InternalException("Training hasn't started.")
@@ -262,7 +262,7 @@ def test_run_log_counts_steps_before_the_first_batch() -> None:
 
     Trial.context._current_batch_idx = None  # what Determined's context holds before a batch
     log = callbacks.RunLog(Trial())  # type: ignore[arg-type]
-    series = callbacks.MetricSeries(log)
+    series = local_run.MetricSeries(log)
     log.on_trial_startup(12, "some-uuid")
     log.on_validation_end({"f1": 1.0})
     series.on_validation_end({"f1": 1.0})

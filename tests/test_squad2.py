@@ -72,9 +72,7 @@ SPANS = {"a1": "Denver Broncos", "a2": "the Panthers", "a3": "Clara", "n1": "Den
 
 
 def crafted_set(tmp: Path) -> Path:
-    qas = [
-        {"id": i, "question": q, "answers": a, "is_impossible": not a} for i, q, a in QUESTIONS
-    ]
+    qas = [{"id": i, "question": q, "answers": a, "is_impossible": not a} for i, q, a in QUESTIONS]
     data = {"version": "v2.0", "data": [{"title": "t", "paragraphs": [{"context": CONTEXT, "qas": qas}]}]}
     path = tmp / "crafted-v2.json"
     path.write_text(json.dumps(data))

@@ -16,7 +16,7 @@ from extractive_qa import scaling_runs
 from extractive_qa.config.schema import VALIDATION_METRICS
 from extractive_qa.data.features import load_tokenizer
 from extractive_qa.errors import DataError
-from extractive_qa.trial import model_io
+from extractive_qa.qa import arithmetic
 from tests.support import allreduce_probe
 from tests.support.cli_result import last_json
 from tests.support.project import (
@@ -101,10 +101,12 @@ def test_auto_precision_is_settled_on_the_machine_said_and_saved(
     """`precision: auto` on a CPU with and without bf16 matrix units (torch's probe forced both
     ways): the dry run and the run's model line say what was picked and why, and the checkpoint's
     qa_settings.json holds the pick, so predict.py answers with the same arithmetic."""
-    monkeypatch.setattr(model_io, "cpu_bf16_units", lambda: units)
+    monkeypatch.setattr(arithmetic, "cpu_bf16_units", lambda: units)
     caplog.set_level(logging.INFO, logger="squad")
-    want = ("bf16", "auto: this CPU has AVX512-BF16") if units else (
-        "fp32", "auto: this CPU has no bf16 matrix units (AMX, AVX512-BF16)"
+    want = (
+        ("bf16", "auto: this CPU has AVX512-BF16")
+        if units
+        else ("fp32", "auto: this CPU has no bf16 matrix units (AMX, AVX512-BF16)")
     )
     conf = tiny_config(tiny_bert, tmp_path)
     conf["hyperparameters"]["precision"] = "auto"
@@ -312,5 +314,3 @@ def test_two_processes_all_reduce_only_on_optimizer_step_batches(tiny_bert: Path
     assert one["allreduce_calls_per_batch"] == one["allreduce_calls_per_step"] > 0
     assert two["allreduce_calls_per_batch"] == pytest.approx(two["allreduce_calls_per_step"] / 2)
     assert two["allreduce_mb_per_step"] == pytest.approx(one["allreduce_mb_per_step"])
-
-

@@ -25,7 +25,6 @@ def qa_model_class(pretrained: str) -> type | None:
     from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_QUESTION_ANSWERING_MAPPING
 
-
     try:
         config = AutoConfig.from_pretrained(resolve_pretrained(pretrained), local_files_only=True)
     except (OSError, ValueError):

@@ -276,36 +276,3 @@ def total_batches(length: Length, per_epoch: int | None) -> int | None:
 
 def optimizer_steps(batches: int, aggregation_frequency: int) -> int:
     return max(1, batches // aggregation_frequency)
-
-
-# --------------------------------------------------------------------------------------------
-# What a checkpoint records of its run (experiment.json), so a resume knows what it resumes.
-# --------------------------------------------------------------------------------------------
-
-# The settings that make a checkpoint's state mean something: another model, data, windowing,
-# optimizer, batch, schedule or seed would continue a different run. Not among them: the
-# training length (extending a run is normal; the schedule is re-planned for the new total) and
-# what only changes speed or memory (precision, batching, attention, gradient checkpointing).
-IDENTITY_RECORD = "experiment.json"  # in every checkpoint: {"identity": run_identity(...)}
-IDENTITY_DATA = ("pretrained_model", "train_file", "max_train_examples", "squad_version", "max_seq_length",
-                 "doc_stride", "max_query_length")  # fmt: skip
-IDENTITY_HPARAMS = ("global_batch_size", "learning_rate", "lr_scaling", "reference_batch_size",
-                    "weight_decay", "warmup_ratio", "adam_epsilon", "adam_beta1", "adam_beta2",
-                    "max_grad_norm", "optimizer")  # fmt: skip
-
-
-def run_identity(plan: RunPlan, name: str | None) -> dict[str, Any]:
-    """The settings a checkpoint must share with the run that resumes it, by config path."""
-    identity: dict[str, Any] = {"name": name}
-    identity.update({f"data.{key}": getattr(plan.data, key) for key in IDENTITY_DATA})
-    identity.update({f"hyperparameters.{key}": getattr(plan.hparams, key) for key in IDENTITY_HPARAMS})
-    identity["optimizations.aggregation_frequency"] = plan.aggregation_frequency
-    identity["reproducibility.experiment_seed"] = plan.seed
-    return identity
-
-
-def identity_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """'field: saved -> current' for every identity field that differs."""
-    keys = sorted(set(saved) | set(current))
-    changed = [key for key in keys if saved.get(key) != current.get(key)]
-    return [f"{key}: {saved.get(key)!r} -> {current.get(key)!r}" for key in changed]

@@ -12,6 +12,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import torch
 
+from extractive_qa.config.settings import BATCHINGS
 from extractive_qa.data.features import Features
 
 # --------------------------------------------------------------------------------------------
@@ -39,8 +40,8 @@ class FeatureBatchSampler(torch.utils.data.Sampler):
         ranks: int = 1,
         bucket_width: int = 64,
     ) -> None:
-        if batching not in ("padded", "random", "buckets", "sorted"):  # settings.BATCHINGS
-            raise ValueError(f"batching {batching!r}: see settings.BATCHINGS")
+        if batching not in BATCHINGS:
+            raise ValueError(f"batching {batching!r}: one of {', '.join(BATCHINGS)}")
         self.lengths = np.asarray(lengths)
         self.batch_size = batch_size
         self.shuffle = shuffle
@@ -194,5 +195,3 @@ def assemble_logits(
             f"{int((seen > 1).sum())} more than once; every window must be scored once."
         )
     return start, end
-
-

@@ -170,63 +170,71 @@ def prepare_features(
     cache_dir: Path | None,
     progress: bool = False,
 ) -> tuple[Features, str]:
-    """Features for a split, from the cache when present. Returns (features, cache state)."""
+    """Features for a split, from the cache when present. Returns (features, cache state: off,
+    hit, built or rebuilt)."""
     training = split == "train"
 
     def build() -> Features:
         return build_features(
-            squad.examples,
-            tokenizer,
-            spec,
-            labels=training,
-            offsets=not training,
-            progress=progress,
+            squad.examples, tokenizer, spec, labels=training, offsets=not training, progress=progress
         )
 
     if cache_dir is None:
         return build(), "off"
     fp = features_fingerprint(squad, tokenizer_name, tokenizer, spec, split)
     directory = Path(cache_dir) / f"{split}-{fp}"
-    state = "built"
+
+    def damage() -> str | None:  # the files, then the arrays against these questions and tokenizer
+        found = cache_damage(directory) if directory.exists() else "no entry for this data and tokenizer"
+        return found or features_damage(load_features(directory), squad, spec, len(tokenizer))
+
     if Path(cache_dir).is_dir() and not os.access(cache_dir, os.W_OK):
-        # A read-only cache (a shared mount built by someone else): use a sound entry without
+        # A read-only cache (a shared mount built by someone else): a sound entry is used without
         # the lock, which would need a lock file there.
-        damage = cache_damage(directory) if directory.exists() else "no entry for this data and tokenizer"
-        damage = damage or features_damage(load_features(directory), squad, spec, len(tokenizer))
-        if damage is None:
+        why = damage()
+        if why is None:
             return load_features(directory), "hit"
         raise DataError(
             f"data.cache_dir {cache_dir}: not writable, and its entry {directory.name} cannot be "
-            f"used ({damage}). Point data.cache_dir at a writable directory, or build the entry "
+            f"used ({why}). Point data.cache_dir at a writable directory, or build the entry "
             "there first (python3 data.py)."
         )
     with file_lock(directory):  # one process builds; the others wait and map it
-        # Temporary build directories of this cache that a killed process left behind: only the
-        # lock's holder builds, so any that exist now are dead.
-        for stale in directory.parent.glob(f".{directory.name}.*"):
-            if stale.is_dir():
-                logger.warning("removing %s, left by an interrupted feature-cache build", stale)
-                shutil.rmtree(stale, ignore_errors=True)
+        remove_stale_builds(directory)
+        state = "built"
         if directory.exists():
-            damage = cache_damage(directory)
-            damage = damage or features_damage(load_features(directory), squad, spec, len(tokenizer))
-            if damage is None:
+            why = damage()
+            if why is None:
                 return load_features(directory), "hit"
-            logger.warning("feature cache %s is damaged (%s); rebuilding it", directory, damage)
+            logger.warning("feature cache %s is damaged (%s); rebuilding it", directory, why)
             aside = directory.with_name(f".{directory.name}.damaged-{os.getpid()}")
             os.replace(directory, aside)
             shutil.rmtree(aside, ignore_errors=True)
             state = "rebuilt"
-        features = build()
-        meta = {"source": str(squad.path), "split": split, "examples": len(squad.examples)}
-        try:
-            _save_features(features, directory, meta)  # removes its partial directory on failure
-        except OSError as err:
-            arrays = (getattr(features, name) for name in Features.ARRAYS)
-            needed = sum(array.nbytes for array in arrays if array is not None)
-            raise DataError(
-                f"data.cache_dir {cache_dir}: cannot write the feature cache ({err.strerror or err}); "
-                f"it needs about {needed / 1e6:.0f} MB. Free space there, or point data.cache_dir "
-                "elsewhere."
-            ) from None
+        save_features(build(), directory, squad, split, cache_dir)
     return load_features(directory), state
+
+
+def remove_stale_builds(directory: Path) -> None:
+    """Temporary build directories of this entry that a killed process left behind: only the
+    lock's holder builds, so any that exist while it is held are dead."""
+    for stale in directory.parent.glob(f".{directory.name}.*"):
+        if stale.is_dir():
+            logger.warning("removing %s, left by an interrupted feature-cache build", stale)
+            shutil.rmtree(stale, ignore_errors=True)
+
+
+def save_features(features: Features, directory: Path, squad: SquadSet, split: str, cache_dir: Path) -> None:
+    """The entry written whole (its partial directory removed on failure), or a DataError saying
+    how much room it needs."""
+    meta = {"source": str(squad.path), "split": split, "examples": len(squad.examples)}
+    try:
+        _save_features(features, directory, meta)
+    except OSError as err:
+        arrays = (getattr(features, name) for name in Features.ARRAYS)
+        needed = sum(array.nbytes for array in arrays if array is not None)
+        raise DataError(
+            f"data.cache_dir {cache_dir}: cannot write the feature cache ({err.strerror or err}); "
+            f"it needs about {needed / 1e6:.0f} MB. Free space there, or point data.cache_dir "
+            "elsewhere."
+        ) from None

@@ -1,1 +1,2 @@
-"""Logits -> answers -> files and scores: answers, outputs, qa_settings, squad_metric, model_card."""
+"""Logits -> answers -> files and scores: arithmetic, answers, outputs, qa_settings, squad_metric,
+model_card."""

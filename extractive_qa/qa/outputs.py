@@ -64,26 +64,7 @@ def nbest_predictions(
             }
         )
     if version_2:
-        cls = features.cls_index
-        null = np.full(len(examples), np.inf)
-        which = np.zeros(len(examples), dtype=np.int64)
-        scores = start_logits[:, cls] + end_logits[:, cls]
-        for f, e in enumerate(np.asarray(features.example_index)):
-            if scores[f] < null[e]:  # the smallest CLS score over the windows, as extraction uses
-                null[e], which[e] = scores[f], f
-        for e in range(len(examples)):
-            if np.isfinite(null[e]):
-                f = int(which[e])
-                entries[e].append(
-                    {
-                        "text": "",
-                        "start": -1,
-                        "end": -1,
-                        "start_logit": float(start_logits[f, cls]),
-                        "end_logit": float(end_logits[f, cls]),
-                        "score": float(null[e]),
-                    }
-                )
+        add_null_entries(entries, features, start_logits, end_logits)
     out = {}
     for ex, spans in zip(examples, entries, strict=True):
         spans.sort(key=lambda s: -s["score"])
@@ -96,6 +77,25 @@ def nbest_predictions(
                 del span["score"]
         out[ex.id] = spans
     return out
+
+
+def add_null_entries(
+    entries: list[list[dict[str, Any]]], features: Features, start_logits: np.ndarray, end_logits: np.ndarray
+) -> None:
+    """v2.0: each question's null (CLS) span, at the smallest CLS score over its windows (as
+    extraction scores the null), listed as text "" at offsets -1."""
+    cls = features.cls_index
+    null = np.full(len(entries), np.inf)
+    which = np.zeros(len(entries), dtype=np.int64)
+    scores = start_logits[:, cls] + end_logits[:, cls]
+    for f, e in enumerate(np.asarray(features.example_index)):
+        if scores[f] < null[e]:
+            null[e], which[e] = scores[f], f
+    for e in range(len(entries)):
+        if np.isfinite(null[e]):
+            f = int(which[e])
+            entries[e].append({"text": "", "start": -1, "end": -1, "start_logit": float(start_logits[f, cls]),
+                               "end_logit": float(end_logits[f, cls]), "score": float(null[e])})  # fmt: skip
 
 
 def write_outputs(

@@ -49,9 +49,7 @@ class QASettings:
     vocabulary_sha256: str | None = None
 
     @classmethod
-    def from_run(
-        cls, settings: DataSettings, hp: Hyperparameters, eval_batch_size: int
-    ) -> QASettings:
+    def from_run(cls, settings: DataSettings, hp: Hyperparameters, eval_batch_size: int) -> QASettings:
         """From a run's typed data settings and hyperparameters (run_plan.run_plan's output)."""
         fields = {f.name for f in dataclasses.fields(cls)}
         values = {

@@ -20,6 +20,7 @@ import re
 import string
 import sys
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from extractive_qa.data.squad_files import Example, load_squad
 from extractive_qa.errors import DataError
@@ -214,6 +215,29 @@ def _read_json_object(path: str, what: str, value_type: type | tuple[type, ...])
     return content
 
 
+def read_null_odds(args: argparse.Namespace, squad: Any, predictions: dict[str, str]) -> dict[str, float]:
+    """--na-prob-file: finite odds for every predicted question of a v2.0 file."""
+    if squad.version != "2.0":
+        raise DataError(
+            f"--na-prob-file: {args.data_file} is SQuAD v1.1, which has no unanswerable "
+            "questions; no-answer odds apply to v2.0 only."
+        )
+    null_odds = _read_json_object(args.na_prob_file, "no-answer odds", (int, float))
+    odd = [qid for qid, odds in null_odds.items() if not math.isfinite(odds)]
+    if odd:  # NaN or infinity would make the report itself not JSON
+        raise DataError(
+            f"{args.na_prob_file}: {len(odd)} odds are not finite numbers (e.g. {odd[0]}: "
+            f"{null_odds[odd[0]]}); write it again from predict.py."
+        )
+    lacking = [ex.id for ex in squad.examples if ex.id in predictions and ex.id not in null_odds]
+    if lacking:
+        raise DataError(
+            f"{args.na_prob_file}: no odds for {len(lacking)} predicted question(s), "
+            f"e.g. {lacking[:3]}; write it from the same run as {args.pred_file}."
+        )
+    return null_odds
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python3 -m extractive_qa.qa.squad_metric",
@@ -232,26 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         squad = load_squad(args.data_file, training=False)
         predictions = _read_json_object(args.pred_file, "predictions", str)
-        null_odds = None
-        if args.na_prob_file:
-            if squad.version != "2.0":
-                raise DataError(
-                    f"--na-prob-file: {args.data_file} is SQuAD v1.1, which has no unanswerable "
-                    "questions; no-answer odds apply to v2.0 only."
-                )
-            null_odds = _read_json_object(args.na_prob_file, "no-answer odds", (int, float))
-            odd = [qid for qid, odds in null_odds.items() if not math.isfinite(odds)]
-            if odd:  # NaN or infinity would make the report itself not JSON
-                raise DataError(
-                    f"{args.na_prob_file}: {len(odd)} odds are not finite numbers (e.g. {odd[0]}: "
-                    f"{null_odds[odd[0]]}); write it again from predict.py."
-                )
-            lacking = [ex.id for ex in squad.examples if ex.id in predictions and ex.id not in null_odds]
-            if lacking:
-                raise DataError(
-                    f"{args.na_prob_file}: no odds for {len(lacking)} predicted question(s), "
-                    f"e.g. {lacking[:3]}; write it from the same run as {args.pred_file}."
-                )
+        null_odds = read_null_odds(args, squad, predictions) if args.na_prob_file else None
     except DataError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -268,8 +273,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"Missing prediction for {qid}", file=sys.stderr)
     extra = len(set(predictions) - set(ids))
     if missing or extra:
-        subset = "the v2.0 figures are over the answered questions only" if squad.version == "2.0" else (
-            "v1.1 counts each missing one as wrong"
+        subset = (
+            "the v2.0 figures are over the answered questions only"
+            if squad.version == "2.0"
+            else ("v1.1 counts each missing one as wrong")
         )
         print(
             f"warning: {len(missing)} of {len(ids)} questions have no prediction ({subset}); "

@@ -1,3 +1,2 @@
-"""The trial in Determined: model_io, optimization, dropout_masks, perf_metrics, evaluation,
-progress, interruption, callbacks, launch, checkpoint_archive, checkpoint_decode, checkpoint_rewrite,
-checkpoints, checkpoint_storage."""
+"""The trial in Determined, what model_def.py uses: model_io, optimization, dropout_masks,
+perf_metrics, evaluation, callbacks."""

@@ -4,12 +4,9 @@ the run log, the metric series and the Hugging Face export beside every checkpoi
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import random
-import shutil
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,8 +16,8 @@ import torch
 from determined import pytorch
 
 from extractive_qa import det_internals
-from extractive_qa.config.run_plan import IDENTITY_RECORD
-from extractive_qa.files import write_text_atomic
+from extractive_qa.files import shared_mode, write_text_atomic
+from extractive_qa.launch.identity import IDENTITY_RECORD
 from extractive_qa.qa import qa_settings
 from extractive_qa.trial import model_io
 
@@ -133,31 +130,6 @@ class RunLog(pytorch.PyTorchCallback):
         self.checkpoint = str(checkpoint_dir)
 
 
-class MetricSeries(pytorch.PyTorchCallback):
-    """What Determined's master stores per report (steps, end time, metrics), kept locally when
-    asked for (train.py --metrics-out), so scaling.py computes throughput the same way from a
-    local run or a cluster's. Runs after RunLog, whose step count it uses."""
-
-    def __init__(self, run_log: RunLog) -> None:
-        self.run_log = run_log
-        self.series: dict[str, list[dict[str, Any]]] = {"training": [], "validation": []}
-
-    def _report(self, group: str, metrics: dict[str, Any]) -> None:
-        values = {}
-        for key, value in metrics.items():
-            with contextlib.suppress(TypeError, ValueError):
-                values[key] = float(value)
-        self.series[group].append(
-            {"steps_completed": self.run_log.steps_completed, "end_time": time.time(), "metrics": values}
-        )
-
-    def on_training_workload_end(self, avg_metrics: dict[str, Any], batch_metrics: Any) -> None:
-        self._report("training", avg_metrics)
-
-    def on_validation_end(self, metrics: dict[str, Any]) -> None:
-        self._report("validation", metrics)
-
-
 class HFExport(pytorch.PyTorchCallback):
     """Every checkpoint also holds hf/: save_pretrained model + tokenizer + QA settings + model card."""
 
@@ -175,7 +147,16 @@ class HFExport(pytorch.PyTorchCallback):
         self.predictions = predictions
 
     def on_checkpoint_write_end(self, checkpoint_dir: str) -> None:
-        model_io.export_hf(self.model, self.tokenizer, self.settings(), Path(checkpoint_dir), self.card())
+        # save_pretrained model + tokenizer + QA settings + the model card (README.md): loadable
+        # anywhere, and what predict.py needs to window and extract as evaluation did.
+        hf = Path(checkpoint_dir) / "hf"
+        model_io.unwrap(self.model).save_pretrained(hf, safe_serialization=True)
+        self.tokenizer.save_pretrained(hf)
+        self.settings().save(hf)
+        write_text_atomic(hf / "README.md", self.card())
+        for item in hf.iterdir():  # safetensors writes its file 0600: every file gets the umask's mode
+            if item.is_file() and not item.is_symlink():
+                shared_mode(item)
         write = self.predictions()
         if write is not None:
             write(Path(checkpoint_dir) / "predictions")
@@ -203,33 +184,3 @@ class CheckpointRecord(pytorch.PyTorchCallback):
             "validation_steps": log.validation_steps,
         }
         write_text_atomic(Path(checkpoint_dir) / IDENTITY_RECORD, json.dumps(record, indent=1))
-
-
-class LocalRetention(pytorch.PyTorchCallback):
-    """A local run keeps what a master would: the newest `save_trial_latest` checkpoints it wrote
-    and its `save_trial_best` best-validated ones (checkpoint_storage; Determined's defaults 1
-    and 1). On a cluster the master's garbage collection does this; locally nothing does, and each
-    checkpoint holds the weights three times over (model, AdamW's two moments) plus hf/.
-    Checkpoints this run did not write are never touched."""
-
-    def __init__(self, run_log: RunLog, latest: int, best: int, metric: str, smaller_is_better: bool) -> None:
-        self.run_log, self.latest, self.best = run_log, max(1, latest), best
-        self.metric, self.sign = metric, (1 if smaller_is_better else -1)
-        self.written: list[tuple[Path, float | None]] = []  # oldest first, with the metric validated at it
-
-    def on_checkpoint_upload_end(self, uuid: str) -> None:
-        if self.run_log.checkpoint is None:
-            return
-        path = Path(self.run_log.checkpoint)
-        value = self.run_log.validation.get(self.metric)
-        validated_here = self.run_log.validation_steps == self.run_log.steps_completed
-        self.written.append((path, float(value) if value is not None and validated_here else None))
-        keep = {p for p, _ in self.written[-self.latest :]}
-        scored = sorted((self.sign * v, i) for i, (_, v) in enumerate(self.written) if v is not None)
-        keep |= {self.written[i][0] for _, i in scored[: self.best]}
-        for old, _ in self.written:
-            if old not in keep and old.is_dir():
-                shutil.rmtree(old, ignore_errors=True)
-                logger.info("removed checkpoint %s (checkpoint_storage keeps the latest %d, best %d)",
-                            old, self.latest, self.best)  # fmt: skip
-        self.written = [(p, v) for p, v in self.written if p in keep]

@@ -5,21 +5,25 @@ RAdam's rectifier that warns when it would act as a long warm-up.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from extractive_qa.config.model_family import loadable_pretrained
 from extractive_qa.config.settings import Hyperparameters
 from extractive_qa.errors import ConfigError
+from extractive_qa.launch import checkpoint_rewrite
+from extractive_qa.launch.checkpoint_rewrite import ExpectedState
+
+if TYPE_CHECKING:
+    from extractive_qa.config.run_plan import RunPlan
 
 # --------------------------------------------------------------------------------------------
 # Optimizers and schedule.
 # --------------------------------------------------------------------------------------------
 
 
-def build_optimizer(
-    model: torch.nn.Module, hp: Hyperparameters, lr: float, device: torch.device
-) -> Any:
+def build_optimizer(model: torch.nn.Module, hp: Hyperparameters, lr: float, device: torch.device) -> Any:
     """hp's optimizer at peak learning rate `lr` (RunPlan.learning_rate: the scaling rule applied)."""
     decay, no_decay = [], []
     for name, param in model.named_parameters():
@@ -61,6 +65,26 @@ def learning_rate_warning(lr: float) -> str | None:
         f"hyperparameters.learning_rate: the peak learning rate resolves to {lr:g}, while fine-tuning "
         "rates are 1e-5 to 1e-3 (LAMB's up to ~1e-2); a run at this rate diverges. Lower it unless "
         "that is what you are testing."
+    )
+
+
+def expected_state(plan: RunPlan) -> ExpectedState:
+    """The model and optimizer `plan` trains, built on the meta device from the model's config (a
+    second or two; no weights read or allocated): the names and shapes a resumed checkpoint must
+    have (launch.checkpoint_rewrite checks it against them)."""
+    from transformers import AutoConfig, AutoModelForQuestionAnswering
+
+    name = plan.data.pretrained_model
+    try:
+        config = AutoConfig.from_pretrained(loadable_pretrained(name))
+    except (OSError, ValueError) as err:
+        raise ConfigError(
+            f"data.pretrained_model {name!r}: cannot load ({str(err).splitlines()[0]})"
+        ) from None
+    with torch.device("meta"):
+        model = AutoModelForQuestionAnswering.from_config(config)
+    return checkpoint_rewrite.expected_state(
+        model, build_optimizer(model, plan.hparams, plan.learning_rate, torch.device("meta"))
     )
 
 
@@ -168,5 +192,3 @@ def radam_warning(hp: Hyperparameters, total_steps: int, warmup_steps: int) -> s
             f"Set adam_beta2: {RADAM_SHORT_BETA2:g} ({short:.2f}x), train longer, or use optimizer: adamw."
         )
     return msg + "Train longer or use optimizer: adamw."
-
-

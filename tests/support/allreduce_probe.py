@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
+from extractive_qa.files import ROOT
 
 WORLD = 2
 
@@ -49,8 +49,8 @@ def record(args: argparse.Namespace) -> None:
         return default_hooks.allreduce_hook(None, bucket).then(done)
 
     class Instrumented(model_def.SquadTrial):
-        def __init__(self, context: Any) -> None:
-            super().__init__(context)
+        def __init__(self, context: Any, local: Any = None) -> None:
+            super().__init__(context, local)
             assert isinstance(self.model, torch.nn.parallel.DistributedDataParallel), "needs 2 processes"
             self.model.register_comm_hook(None, counting_allreduce)
 

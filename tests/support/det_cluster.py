@@ -16,6 +16,9 @@ against the stand-in master of tests/support/det_master.py, which serves the con
 create` builds it. Like the master, `Cluster` starts a preempted trial again and restarts a failed
 one from its latest checkpoint, as `max_restarts` does. `python3 -m tests.support.det_cluster local.yaml`
 runs a whole YAML.
+
+One idea: an agent's container start, step by step as 0.38.1 does it; the steps only make sense
+in their order.
 """
 
 from __future__ import annotations

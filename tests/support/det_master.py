@@ -6,6 +6,9 @@ request body with Determined's generated API types (a malformed or unknown call 
 `Master.errors` and fails the test), records metrics, profiler samples and checkpoints, and can
 preempt a trial or mark it stopped by the searcher. tests/support/det_cluster.py starts the containers
 that talk to it.
+
+One idea: the master's trial-facing API, every call the trial and the SDK make, answered from one
+state.
 """
 
 from __future__ import annotations
@@ -30,8 +33,8 @@ from urllib.parse import parse_qs, urlparse
 from determined.common.api import bindings
 
 from extractive_qa.config import experiment
+from extractive_qa.files import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 TASK_ID = "1.trial-1"
 
 

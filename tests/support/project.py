@@ -12,9 +12,9 @@ from typing import Any
 
 import yaml
 
+from extractive_qa.files import ROOT
 from tests.support.cli_result import last_json
 
-ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "squad_data"
 TRAIN_V1 = DATA / "train-v1.1-excerpt.json"
 DEV_V1 = DATA / "dev-v1.1-excerpt.json"

@@ -9,16 +9,13 @@ valid pair kept with its offsets, the n_best best per example softmaxed, the bes
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
 from extractive_qa.config.model_family import EMBEDDED_MODEL
 from extractive_qa.config.settings import WindowSpec
 from extractive_qa.data import squad_files
 from extractive_qa.data.features import Features, build_features, load_tokenizer
-
-ROOT = Path(__file__).resolve().parents[2]
+from extractive_qa.files import ROOT
 
 
 def windows_by_example(features: Features) -> dict[int, list[int]]:

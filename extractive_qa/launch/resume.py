@@ -5,6 +5,7 @@ run's settings."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import logging
@@ -17,9 +18,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from extractive_qa.config.run_plan import IDENTITY_RECORD, identity_changes
 from extractive_qa.errors import ConfigError
-from extractive_qa.trial.checkpoint_rewrite import REQUIRED, ExpectedState, rewrite
+from extractive_qa.launch.checkpoint_rewrite import REQUIRED, ExpectedState, rewrite
+from extractive_qa.launch.identity import checkpoint_identity, finished_result, identity_changes
 
 logger = logging.getLogger("squad")
 
@@ -139,47 +140,34 @@ def verify_on_chief(
     return str(verdict["private"]), private
 
 
-def finished_resume(flag: str | Path, source: Any, total: int) -> dict[str, Any] | None:
-    """A resume with nothing left to train (the checkpoint's steps reach the run's `total`
-    batches): --resume DIR is refused (a longer --batches continues it); `auto` / `latest` found
-    this run already finished, which a restarted torchrun job or scheduler is told with the result
-    its checkpoint recorded (exit 0). None: train on."""
-    steps = source.steps_completed
+def restore_on_cluster(
+    distributed: Any, checkpoint: Path, expected: Callable[[], ExpectedState], cleanup: contextlib.ExitStack
+) -> str:
+    """The storage id every rank of a cluster trial restores: the chief's rewritten copy of the
+    master's latest checkpoint (verify_on_chief), which the chief removes after the run."""
+    name, private = verify_on_chief(distributed, checkpoint, "DET_LATEST_CHECKPOINT", expected)
+    if private is not None:
+        cleanup.callback(private.remove)
+    return name
+
+
+def finished_resume(
+    flag: str | Path, steps: int, total: int, shown: Path, copy: Path
+) -> dict[str, Any] | None:
+    """A resume of a checkpoint with `steps` batches trained, for a run of `total`: None when there
+    is something left to train. --resume DIR is refused (a longer --batches continues it); `auto` /
+    `latest` found this run already finished, which a restarted torchrun job or scheduler is told
+    with the result its checkpoint recorded (`copy`: the rewritten copy of `shown`; exit 0)."""
     if steps < total:
         return None
     if flag not in ("auto", "latest"):
         raise ConfigError(
-            f"--resume {source.resumed}: the checkpoint has trained {steps} batches and this run's "
-            f"length is {total}, so nothing is left to train. Give a longer --batches (or --epochs) "
-            "to continue it."
+            f"--resume {shown}: the checkpoint has trained {steps} batches and this run's length is "
+            f"{total}, so nothing is left to train. Give a longer --batches (or --epochs) to continue it."
         )
     logger.info("--resume %s: this run already finished (%d of %d batches) in %s; nothing left to train",
-                flag, steps, total, source.resumed)  # fmt: skip
-    return finished_result(source.resumed_copy, source.resumed, steps)
-
-
-def checkpoint_record(checkpoint: Path, key: str) -> dict[str, Any] | None:
-    """What a checkpoint recorded of its run (experiment.json): its `identity`
-    (run_plan.run_identity) or `train_length`; None without a record."""
-    value = json_record(checkpoint).get(key)
-    return value if isinstance(value, dict) else None
-
-
-def checkpoint_identity(checkpoint: Path) -> dict[str, Any] | None:
-    return checkpoint_record(checkpoint, "identity")
-
-
-def note_length_change(checkpoint: Path, length: dict[str, int]) -> None:
-    """A resume with another total length than the checkpoint's run was planned for: say what
-    happens to the schedule (it is planned again for the new total)."""
-    planned = checkpoint_record(checkpoint, "train_length")
-    if planned is not None and planned != length:
-        was, now = (" ".join(f"{v} {k}" for k, v in d.items()) for d in (planned, length))
-        logger.warning(
-            "--resume: the checkpoint's run was planned for %s, this one for %s; the warm-up/decay "
-            "schedule is planned again for %s and the learning rate follows it from the "
-            "checkpoint's step on", was, now, now,
-        )  # fmt: skip
+                flag, steps, total, shown)  # fmt: skip
+    return finished_result(copy, shown, steps)
 
 
 def latest_checkpoint(storage: Path, identity: dict[str, Any], flag: str) -> Path | None:
@@ -224,63 +212,3 @@ def resume_from(resume: str | Path, checkpoint_dir: Path, identity: dict[str, An
     else:
         logger.info("--resume %s: continuing from %s", resume, found)
     return found
-
-
-def check_same_data(checkpoint: Path, train_sha256: str, allow_changed: bool, shown: Path) -> None:
-    """The training questions this run read against those the checkpoint's run read (their SHA-256,
-    subsets included): another file at the same path is another run, refused as changed settings
-    are (--allow-changed continues anyway). Checkpoints from before the digest was recorded pass."""
-    saved = json_record(checkpoint).get("train_sha256")
-    if saved is None or saved == train_sha256:
-        return
-    change = f"the training data differ (SHA-256 {str(saved)[:12]}... -> {train_sha256[:12]}...)"
-    if allow_changed:
-        logger.warning("--resume %s with changed data (--allow-changed): %s", shown, change)
-        return
-    raise ConfigError(
-        f"--resume {shown}: {change}: the file at data.train_file (or the subset data.max_train_examples "
-        "takes) is not what the checkpoint was trained on. Restore that data, or pass --allow-changed to "
-        "continue its state on this data."
-    )
-
-
-def finished_result(checkpoint: Path, shown: Path, steps: int) -> dict[str, Any]:
-    """What a finished run's checkpoint records of it: its latest validation, steps, where it is."""
-    record = json_record(checkpoint)
-    validation = record.get("validation") if isinstance(record.get("validation"), dict) else {}
-    scores = {k: v for k, v in validation.items() if isinstance(v, float)}
-    return {**scores, "checkpoint": str(shown), "steps_completed": steps, "already_finished": True}
-
-
-def json_record(checkpoint: Path) -> dict[str, Any]:
-    """experiment.json of a checkpoint (the rewritten copy: already parsed once), or {}."""
-    try:
-        value = json.loads((checkpoint / IDENTITY_RECORD).read_text())
-    except (OSError, ValueError):
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
-def check_same_run(
-    record: dict[str, Any], identity: dict[str, Any], allow_changed: bool, shown: Path
-) -> None:
-    """--resume DIR: the checkpoint's recorded settings (its experiment.json) against this run's; a
-    difference is an error naming each field (both values) unless --allow-changed says it is
-    meant. `shown` is the directory the user gave."""
-    saved = record.get("identity")
-    if not isinstance(saved, dict):
-        logger.warning("--resume %s: the checkpoint records no experiment settings (%s); "
-                       "they cannot be compared with this run's", shown, IDENTITY_RECORD)  # fmt: skip
-        return
-    changes = identity_changes(saved, identity)
-    if not changes:
-        return
-    listed = "; ".join(changes)
-    if allow_changed:
-        logger.warning("--resume %s with changed settings (--allow-changed): %s", shown, listed)
-        return
-    raise ConfigError(
-        f"--resume {shown}: this run's settings differ from the checkpoint's ({listed}). "
-        "Resume with the config it was written with, or pass --allow-changed to continue its "
-        "state under the new settings."
-    )

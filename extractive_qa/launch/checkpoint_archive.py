@@ -183,9 +183,14 @@ def open_archive(file: BinaryIO, size: int, where: str) -> Archive:
     for name in ("data.pkl", "byteorder", "version"):
         if name not in members:
             raise refused(where, f"has no {name} member (not written by torch.save)")
-    # Positions: every member's header and data lie between the previous member and the next,
-    # in order from byte 0 to the central directory.
-    ordered = sorted(infos, key=lambda i: i.header_offset)
+    check_positions(file, archive, where)
+    return Archive(file, archive, members, where)
+
+
+def check_positions(file: BinaryIO, archive: zipfile.ZipFile, where: str) -> None:
+    """Every member's local header names what the directory names, and its header and data lie
+    between the previous member and the next, in order from byte 0 to the central directory."""
+    ordered = sorted(archive.infolist(), key=lambda i: i.header_offset)
     if ordered[0].header_offset != 0:
         raise refused(where, "does not start with its first member")
     ends = [i.header_offset for i in ordered[1:]] + [archive.start_dir]
@@ -203,4 +208,3 @@ def open_archive(file: BinaryIO, size: int, where: str) -> Archive:
             raise refused(where, f"member {info.orig_filename!r}'s own header says otherwise")
         if not 0 <= descriptor <= 24:
             raise refused(where, f"member {info.orig_filename!r} overlaps another or leaves a gap")
-    return Archive(file, archive, members, where)

@@ -21,15 +21,13 @@ import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
-from extractive_qa.config.model_family import loadable_pretrained
-from extractive_qa.config.run_plan import IDENTITY_RECORD
 from extractive_qa.errors import ConfigError
-from extractive_qa.trial.checkpoint_archive import (
+from extractive_qa.launch.checkpoint_archive import (
     PICKLE_LIMIT,
     SMALL_MEMBER,
     open_archive,
@@ -39,11 +37,8 @@ from extractive_qa.trial.checkpoint_archive import (
     refused,
     steps_of,
 )
-from extractive_qa.trial.checkpoint_decode import PLAIN, STATE_GLOBALS, decode
-from extractive_qa.trial.optimization import build_optimizer
-
-if TYPE_CHECKING:
-    from extractive_qa.config.run_plan import RunPlan
+from extractive_qa.launch.checkpoint_decode import PLAIN, STATE_GLOBALS, decode
+from extractive_qa.launch.identity import IDENTITY_RECORD
 
 MIB = 1 << 20
 # state_dict.pth: fp32 weights and the optimizer's two fp32 moments are 12 bytes a parameter.
@@ -80,26 +75,9 @@ class ExpectedState:
         return STATE_BYTES_PER_PARAMETER * self.parameter_count + STATE_OVERHEAD
 
 
-def expected_for_plan(plan: RunPlan) -> ExpectedState:
-    """The model and optimizer `plan` trains, built on the meta device from the model's config
-    (a second or two; no weights read or allocated)."""
-    from transformers import AutoConfig, AutoModelForQuestionAnswering
-
-    name = plan.data.pretrained_model
-    try:
-        config = AutoConfig.from_pretrained(loadable_pretrained(name))
-    except (OSError, ValueError) as err:
-        raise ConfigError(
-            f"data.pretrained_model {name!r}: cannot load ({str(err).splitlines()[0]})"
-        ) from None
-    with torch.device("meta"):
-        model = AutoModelForQuestionAnswering.from_config(config)
-    optimizer = build_optimizer(model, plan.hparams, plan.learning_rate, torch.device("meta"))
-    return expected_state(model, optimizer)
-
-
 def expected_state(model: torch.nn.Module, optimizer: Any) -> ExpectedState:
-    """From the model and optimizer as the trial builds them (on the meta device: no memory)."""
+    """From the model and optimizer as the trial builds them (trial.optimization.expected_state
+    builds them on the meta device: no memory)."""
     names = {id(p): n for n, p in model.named_parameters()}
     groups, parameters, index = [], [], 0
     for group in optimizer.param_groups:

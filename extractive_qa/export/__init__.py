@@ -1,1 +1,0 @@
-"""A trained model out of the trial, for serving: onnx_model."""

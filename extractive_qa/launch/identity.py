@@ -1,0 +1,132 @@
+"""What a checkpoint records of its run -- experiment.json: the settings that identify the run, the
+training data's digest, the planned length, the latest validation -- and how a resume holds a
+checkpoint to the run that resumes it (changed settings and data are named; --allow-changed
+continues anyway).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from extractive_qa.errors import ConfigError
+
+if TYPE_CHECKING:
+    from extractive_qa.config.run_plan import RunPlan
+
+logger = logging.getLogger("squad")
+
+
+# The settings that make a checkpoint's state mean something: another model, data, windowing,
+# optimizer, batch, schedule or seed would continue a different run. Not among them: the
+# training length (extending a run is normal; the schedule is re-planned for the new total) and
+# what only changes speed or memory (precision, batching, attention, gradient checkpointing).
+IDENTITY_RECORD = "experiment.json"  # in every checkpoint: {"identity": run_identity(...)}
+IDENTITY_DATA = ("pretrained_model", "train_file", "max_train_examples", "squad_version", "max_seq_length",
+                 "doc_stride", "max_query_length")  # fmt: skip
+IDENTITY_HPARAMS = ("global_batch_size", "learning_rate", "lr_scaling", "reference_batch_size",
+                    "weight_decay", "warmup_ratio", "adam_epsilon", "adam_beta1", "adam_beta2",
+                    "max_grad_norm", "optimizer")  # fmt: skip
+
+
+def run_identity(plan: RunPlan, name: str | None) -> dict[str, Any]:
+    """The settings a checkpoint must share with the run that resumes it, by config path."""
+    identity: dict[str, Any] = {"name": name}
+    identity.update({f"data.{key}": getattr(plan.data, key) for key in IDENTITY_DATA})
+    identity.update({f"hyperparameters.{key}": getattr(plan.hparams, key) for key in IDENTITY_HPARAMS})
+    identity["optimizations.aggregation_frequency"] = plan.aggregation_frequency
+    identity["reproducibility.experiment_seed"] = plan.seed
+    return identity
+
+
+def identity_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """'field: saved -> current' for every identity field that differs."""
+    keys = sorted(set(saved) | set(current))
+    changed = [key for key in keys if saved.get(key) != current.get(key)]
+    return [f"{key}: {saved.get(key)!r} -> {current.get(key)!r}" for key in changed]
+
+
+def json_record(checkpoint: Path) -> dict[str, Any]:
+    """experiment.json of a checkpoint (the rewritten copy: already parsed once), or {}."""
+    try:
+        value = json.loads((checkpoint / IDENTITY_RECORD).read_text())
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def checkpoint_record(checkpoint: Path, key: str) -> dict[str, Any] | None:
+    """What a checkpoint recorded of its run (experiment.json): its `identity`
+    (run_plan.run_identity) or `train_length`; None without a record."""
+    value = json_record(checkpoint).get(key)
+    return value if isinstance(value, dict) else None
+
+
+def checkpoint_identity(checkpoint: Path) -> dict[str, Any] | None:
+    return checkpoint_record(checkpoint, "identity")
+
+
+def check_same_run(
+    record: dict[str, Any], identity: dict[str, Any], allow_changed: bool, shown: Path
+) -> None:
+    """--resume DIR: the checkpoint's recorded settings (its experiment.json) against this run's; a
+    difference is an error naming each field (both values) unless --allow-changed says it is
+    meant. `shown` is the directory the user gave."""
+    saved = record.get("identity")
+    if not isinstance(saved, dict):
+        logger.warning("--resume %s: the checkpoint records no experiment settings (%s); "
+                       "they cannot be compared with this run's", shown, IDENTITY_RECORD)  # fmt: skip
+        return
+    changes = identity_changes(saved, identity)
+    if not changes:
+        return
+    listed = "; ".join(changes)
+    if allow_changed:
+        logger.warning("--resume %s with changed settings (--allow-changed): %s", shown, listed)
+        return
+    raise ConfigError(
+        f"--resume {shown}: this run's settings differ from the checkpoint's ({listed}). "
+        "Resume with the config it was written with, or pass --allow-changed to continue its "
+        "state under the new settings."
+    )
+
+
+def check_same_data(checkpoint: Path, train_sha256: str, allow_changed: bool, shown: Path) -> None:
+    """The training questions this run read against those the checkpoint's run read (their SHA-256,
+    subsets included): another file at the same path is another run, refused as changed settings
+    are (--allow-changed continues anyway). Checkpoints from before the digest was recorded pass."""
+    saved = json_record(checkpoint).get("train_sha256")
+    if saved is None or saved == train_sha256:
+        return
+    change = f"the training data differ (SHA-256 {str(saved)[:12]}... -> {train_sha256[:12]}...)"
+    if allow_changed:
+        logger.warning("--resume %s with changed data (--allow-changed): %s", shown, change)
+        return
+    raise ConfigError(
+        f"--resume {shown}: {change}: the file at data.train_file (or the subset data.max_train_examples "
+        "takes) is not what the checkpoint was trained on. Restore that data, or pass --allow-changed to "
+        "continue its state on this data."
+    )
+
+
+def note_length_change(checkpoint: Path, length: dict[str, int]) -> None:
+    """A resume with another total length than the checkpoint's run was planned for: say what
+    happens to the schedule (it is planned again for the new total)."""
+    planned = checkpoint_record(checkpoint, "train_length")
+    if planned is not None and planned != length:
+        was, now = (" ".join(f"{v} {k}" for k, v in d.items()) for d in (planned, length))
+        logger.warning(
+            "--resume: the checkpoint's run was planned for %s, this one for %s; the warm-up/decay "
+            "schedule is planned again for %s and the learning rate follows it from the "
+            "checkpoint's step on", was, now, now,
+        )  # fmt: skip
+
+
+def finished_result(checkpoint: Path, shown: Path, steps: int) -> dict[str, Any]:
+    """What a finished run's checkpoint records of it: its latest validation, steps, where it is."""
+    record = json_record(checkpoint)
+    validation = record.get("validation") if isinstance(record.get("validation"), dict) else {}
+    scores = {k: v for k, v in validation.items() if isinstance(v, float)}
+    return {**scores, "checkpoint": str(shown), "steps_completed": steps, "already_finished": True}

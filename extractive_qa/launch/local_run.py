@@ -1,0 +1,310 @@
+"""A run without a master, around Trainer.fit: what it checks and prepares before the trial is
+built, what it adds to the trial, and how it fits and reports.
+
+On a cluster the master does these: it checks the config, restores the latest checkpoint, shows
+progress in the WebUI, keeps checkpoints by checkpoint_storage's policy, and ends a trial on a
+preemption. Locally, in this order: where the run writes is checked, the process group joined
+and the seeds set, the checkpoint --resume names rewritten privately and compared with the run
+(launch.resume); the trial gets a progress display, Ctrl-C / SIGTERM at a batch boundary
+(launch.interruption), the local checkpoint retention and, with --metrics-out, the metric series
+as the master would store it; after fit, an interruption or a failed checkpoint write becomes one
+line that says what was kept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import functools
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from determined import pytorch
+
+from extractive_qa import det_internals
+from extractive_qa.config import run_plan
+from extractive_qa.files import ROOT, check_output_file, check_outputs, write_text_atomic
+from extractive_qa.launch import identity, interruption, progress
+from extractive_qa.launch.checkpoint_rewrite import ExpectedState
+from extractive_qa.launch.process import join_process_group, seed_everything
+from extractive_qa.launch.resume import finished_resume, prepare_resume, resume_from
+from extractive_qa.launch.storage import (
+    check_free_space,
+    check_local_storage,
+    check_outside_upload,
+    checkpoint_write_failed,
+    prepare_local_storage,
+    write_failure_error,
+)
+
+logger = logging.getLogger("squad")
+
+DATA_FILES = ("train_file", "validation_file")  # data.* paths a run reads (URLs never match a file)
+
+
+@dataclasses.dataclass
+class TrialExtras:
+    """What a local run adds to the trial it is built with: callbacks after the trial's own, and
+    hooks the trial calls before each batch."""
+
+    callbacks: dict[str, pytorch.PyTorchCallback]
+    before_batch: list[Callable[[int], None]]
+
+
+@dataclasses.dataclass
+class LocalRun:
+    args: argparse.Namespace
+    source: Any  # config.experiment.Source
+    plan: run_plan.RunPlan
+    distributed: Any = None  # torchrun's process group, as Determined's DistributedContext
+    resumed: Path | None = None  # the checkpoint --resume named (or `auto` found)
+    resumed_copy: Path | None = None  # its rewritten private copy, which Determined restores
+    identity: dict[str, Any] = dataclasses.field(default_factory=dict)
+    stop: interruption.Interruption | None = None
+    series: Any = None  # the metric series (--metrics-out)
+
+    @property
+    def storage(self) -> Path:
+        return self.args.checkpoint_dir / "determined"  # Determined's local storage follows XDG
+
+    # ----------------------------------------------------------------------------------------
+    # Before the trial: where the run writes, the process group, the checkpoint to resume.
+    # ----------------------------------------------------------------------------------------
+
+    def check_outputs(self) -> None:
+        check_local_storage(self.args.checkpoint_dir, ROOT)
+        if self.plan.data.cache_dir:
+            check_outside_upload(ROOT / self.plan.data.cache_dir, ROOT, "data.cache_dir")
+        if self.args.metrics_out:
+            check_output_file(self.args.metrics_out, "--metrics-out")
+            data = self.source.exp_conf.get("data") or {}
+            inputs: dict[str, Path | None] = {f"data.{k}": ROOT / data[k] for k in DATA_FILES if data.get(k)}
+            inputs["--config"] = self.args.config
+            inputs["--checkpoint-dir"] = self.args.checkpoint_dir  # the checkpoints a resume reads
+            if isinstance(self.args.resume, Path):
+                inputs["--resume"] = self.args.resume
+            check_outputs({"--metrics-out": self.args.metrics_out}, inputs)
+
+    def join(self) -> None:
+        self.distributed = join_process_group(False, self.plan.collective_timeout_s)
+        os.chdir(ROOT)  # config paths are relative to the project, as to a trial's upload
+        seed_everything(self.plan.seed)
+        os.environ["XDG_DATA_HOME"] = str(self.args.checkpoint_dir.resolve())
+
+    def resume(self, expected: Callable[[], ExpectedState], cleanup: contextlib.ExitStack) -> None:
+        """The checkpoint --resume means, rewritten into a private copy Determined restores, with
+        --resume DIR's settings compared with this run's (auto and latest pick only this run's)."""
+        flag = self.args.resume
+        self.identity = identity.run_identity(self.plan, self.source.exp_conf.get("name"))
+        found = resume_from(flag, self.args.checkpoint_dir, self.identity)
+        if found is None:
+            return
+        same_run = None  # auto and latest pick only this run's checkpoints
+        if flag not in ("auto", "latest"):
+            same_run = functools.partial(
+                identity.check_same_run,
+                identity=self.identity,
+                allow_changed=self.args.allow_changed,
+                shown=found,
+            )
+        private, steps = prepare_resume(found, self.storage, expected(), "--resume", same_run)
+        self.source.steps_completed = steps
+        cleanup.callback(private.remove)
+        self.source.latest_checkpoint = private.path.name
+        self.resumed, self.resumed_copy = found, private.path
+        identity.note_length_change(private.path, {self.plan.length.unit: self.plan.length.value})
+
+    @property
+    def rank(self) -> int:
+        return self.distributed.rank if self.distributed is not None else 0
+
+    def finished(self, total: int) -> dict[str, Any] | None:
+        """The result of a resume with nothing left to train of `total` batches (None: train on)."""
+        if self.resumed is None:
+            return None
+        steps = self.source.steps_completed
+        return finished_resume(self.args.resume, steps, total, self.resumed, self.resumed_copy)
+
+    # ----------------------------------------------------------------------------------------
+    # The trial: what it is built with, and what is checked once it is built.
+    # ----------------------------------------------------------------------------------------
+
+    def extras(self, context: Any) -> Callable[[Any], TrialExtras]:
+        """What the trial calls at the end of its __init__: a local run's callbacks and hooks,
+        made from the built trial (its run log, batches per epoch, random-state gatherer)."""
+
+        def build(trial: Any) -> TrialExtras:
+            added = TrialExtras({}, [])
+            # Ctrl-C / SIGTERM: finish the batch, checkpoint (with every rank's random state).
+            self.stop = interruption.Interruption(
+                context.distributed, context.device, trial.rank_random_state.gather
+            )
+            added.before_batch.append(self.stop.before_batch)
+            if context.distributed.rank != 0:
+                return added
+            if self.args.metrics_out:
+                self.series = added.callbacks["metric_series"] = MetricSeries(trial.run_log)
+            unit = trial.batches_per_epoch() if self.plan.length.unit == "epochs" else 1
+            shown = progress.Progress(
+                context,
+                self.plan.length.value * unit,
+                trial.batches_per_epoch(),
+                self.plan.hparams.global_batch_size,
+            )
+            added.callbacks["progress"] = shown
+            added.before_batch.append(shown.before_batch)
+            added.callbacks["retention"] = retention(self.source.exp_conf, trial.run_log)
+            return added
+
+        return build
+
+    def before_fit(self, trial: Any, context: Any) -> dict[str, Any] | None:
+        """Once the trial is built, before any batch: the resumed checkpoint's data against this
+        run's, a length the checkpoint has not reached yet, private storage with room for one
+        more checkpoint. A result: the run had already finished (auto, latest)."""
+        if self.resumed is not None:
+            identity.check_same_data(
+                self.resumed_copy, trial.train_set.sha256, self.args.allow_changed, self.resumed
+            )
+            done = self.finished(run_plan.total_batches(self.plan.length, trial.batches_per_epoch()))
+            if done is not None:
+                return done
+        if context.distributed.rank == 0:
+            prepare_local_storage(self.args.checkpoint_dir)
+            check_free_space(self.args.checkpoint_dir, sum(p.numel() for p in trial.model.parameters()))
+        return None
+
+    # ----------------------------------------------------------------------------------------
+    # Fit, and what the user is told.
+    # ----------------------------------------------------------------------------------------
+
+    def fit(self, trainer: pytorch.Trainer, trial: Any, context: Any) -> None:
+        """Trainer.fit from the checkpoint's step; a stop or a failed checkpoint write becomes an
+        Interrupted / ConfigError that says what was kept and how to continue."""
+        rank = context.distributed.rank
+        before = {p.name for p in self.storage.iterdir()} if self.storage.is_dir() else set()
+        with det_internals.resume_at(self.source.steps_completed), self.stop or contextlib.nullcontext():
+            try:
+                trainer.fit(**self.plan.fit_kwargs(self.source.latest_checkpoint, False))
+            except interruption.StoppedNow:  # a second Ctrl-C
+                raise interruption.Interrupted(130, None, trial.run_log.checkpoint, rank) from None
+            except (OSError, RuntimeError) as err:
+                if not checkpoint_write_failed(err):
+                    raise
+                done, scores = trial.run_log.steps_completed, trial.run_log.validation
+                raise write_failure_error(err, self.args.checkpoint_dir, before, done, scores) from None
+        if self.stop is not None and self.stop.stopped_at is not None:
+            raise interruption.Interrupted(
+                self.stop.exit_code(), self.stop.stopped_at, trial.run_log.checkpoint, rank
+            )
+
+    def report(self, slots: int) -> None:
+        """--metrics-out: the run's reports as the master stores them, for scaling.py."""
+        if not self.args.metrics_out:
+            return
+        record = {
+            "name": self.source.exp_conf.get("name"),
+            "state": "COMPLETED",
+            "slots": slots,
+            "global_batch_size": self.plan.hparams.global_batch_size,
+            "aggregation_frequency": self.plan.aggregation_frequency,
+            "optimizer": self.plan.hparams.optimizer,
+            **self.series.series,
+        }
+        write_text_atomic(self.args.metrics_out, json.dumps(record, indent=1))
+
+
+def prepare(
+    args: argparse.Namespace,
+    source: Any,
+    plan: run_plan.RunPlan,
+    expected: Callable[[], ExpectedState],
+    cleanup: contextlib.ExitStack,
+) -> LocalRun:
+    """Everything a local run does before Determined builds the trial, in order."""
+    local = LocalRun(args, source, plan)
+    local.check_outputs()
+    local.join()
+    if args.resume:
+        local.resume(expected, cleanup)
+    return local
+
+
+# --------------------------------------------------------------------------------------------
+# The callbacks only a local run has (a master does their work on a cluster).
+# --------------------------------------------------------------------------------------------
+
+
+def retention(exp_conf: dict[str, Any], run_log: Any) -> LocalRetention:
+    """checkpoint_storage's save_trial_latest / save_trial_best for a local run's checkpoints."""
+    storage = exp_conf.get("checkpoint_storage") or {}
+    searcher = exp_conf.get("searcher") or {}
+    return LocalRetention(
+        run_log,
+        latest=int(storage.get("save_trial_latest", 1)),
+        best=int(storage.get("save_trial_best", 1)),
+        metric=searcher.get("metric", "f1"),
+        smaller_is_better=bool(searcher.get("smaller_is_better", False)),
+    )
+
+
+class LocalRetention(pytorch.PyTorchCallback):
+    """A local run keeps what a master would: the newest `save_trial_latest` checkpoints it wrote
+    and its `save_trial_best` best-validated ones (checkpoint_storage; Determined's defaults 1
+    and 1). On a cluster the master's garbage collection does this; locally nothing does, and each
+    checkpoint holds the weights three times over (model, AdamW's two moments) plus hf/.
+    Checkpoints this run did not write are never touched."""
+
+    def __init__(self, run_log: Any, latest: int, best: int, metric: str, smaller_is_better: bool) -> None:
+        self.run_log, self.latest, self.best = run_log, max(1, latest), best
+        self.metric, self.sign = metric, (1 if smaller_is_better else -1)
+        self.written: list[tuple[Path, float | None]] = []  # oldest first, with the metric validated at it
+
+    def on_checkpoint_upload_end(self, uuid: str) -> None:
+        if self.run_log.checkpoint is None:
+            return
+        path = Path(self.run_log.checkpoint)
+        value = self.run_log.validation.get(self.metric)
+        validated_here = self.run_log.validation_steps == self.run_log.steps_completed
+        self.written.append((path, float(value) if value is not None and validated_here else None))
+        keep = {p for p, _ in self.written[-self.latest :]}
+        scored = sorted((self.sign * v, i) for i, (_, v) in enumerate(self.written) if v is not None)
+        keep |= {self.written[i][0] for _, i in scored[: self.best]}
+        for old, _ in self.written:
+            if old not in keep and old.is_dir():
+                shutil.rmtree(old, ignore_errors=True)
+                logger.info("removed checkpoint %s (checkpoint_storage keeps the latest %d, best %d)",
+                            old, self.latest, self.best)  # fmt: skip
+        self.written = [(p, v) for p, v in self.written if p in keep]
+
+
+class MetricSeries(pytorch.PyTorchCallback):
+    """What Determined's master stores per report (steps, end time, metrics), kept locally when
+    asked for (train.py --metrics-out), so scaling.py computes throughput the same way from a
+    local run or a cluster's. Runs after the trial's run log, whose step count it uses."""
+
+    def __init__(self, run_log: Any) -> None:
+        self.run_log = run_log
+        self.series: dict[str, list[dict[str, Any]]] = {"training": [], "validation": []}
+
+    def _report(self, group: str, metrics: dict[str, Any]) -> None:
+        values = {}
+        for key, value in metrics.items():
+            with contextlib.suppress(TypeError, ValueError):
+                values[key] = float(value)
+        self.series[group].append(
+            {"steps_completed": self.run_log.steps_completed, "end_time": time.time(), "metrics": values}
+        )
+
+    def on_training_workload_end(self, avg_metrics: dict[str, Any], batch_metrics: Any) -> None:
+        self._report("training", avg_metrics)
+
+    def on_validation_end(self, metrics: dict[str, Any]) -> None:
+        self._report("validation", metrics)

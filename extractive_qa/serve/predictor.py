@@ -1,0 +1,216 @@
+"""A checkpoint's model answering questions with evaluation's windowing, batching, arithmetic and
+extraction, so that scoring its answers gives the EM/F1 the run reported. The model runs in
+PyTorch, or in ONNX Runtime from a directory export.py wrote (serve.onnx_model).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from extractive_qa.config.schema import model_position_limit
+from extractive_qa.data import squad_files
+from extractive_qa.data.batching import assemble_logits, evaluation_batches, forward_params, model_inputs
+from extractive_qa.data.features import Features, build_features, load_tokenizer, vocabulary_sha256
+from extractive_qa.errors import DataError
+from extractive_qa.qa import arithmetic, qa_settings
+from extractive_qa.qa.answers import Answers
+from extractive_qa.serve.checkpoints import find_hf_dir
+
+Logits = tuple[np.ndarray, np.ndarray]
+
+
+def torch_device(device: str | None) -> Any:
+    """--device as torch's: cpu or cuda (default: cuda when torch can use one)."""
+    import torch
+
+    try:
+        chosen = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    except RuntimeError:
+        raise DataError(f"--device {device!r}: not a device; use cpu or cuda.") from None
+    if chosen.type not in ("cpu", "cuda"):
+        raise DataError(f"--device {device!r}: predict.py runs on cpu or cuda.")
+    if chosen.type == "cuda" and not torch.cuda.is_available():
+        raise DataError(
+            "--device cuda: this torch has no usable CUDA GPU (a CPU build, or no GPU visible); "
+            "use --device cpu."
+        )
+    return chosen
+
+
+class Predictor:
+    """A checkpoint's model with evaluation's windowing, batching, arithmetic and extraction. The
+    model runs in PyTorch (`runtime="torch"`) or, from a directory export.py wrote, in ONNX
+    Runtime (`onnx`: fp32, `onnx-int8`: int8 weights); windowing and extraction are the same."""
+
+    def __init__(
+        self,
+        checkpoint: str,
+        device: str | None = None,
+        batch_size: int | None = None,
+        precision: str | None = None,
+        runtime: str = "torch",
+    ):
+        hf = find_hf_dir(checkpoint)
+        self.hf, self.runtime = hf, runtime
+        self.settings = qa_settings.QASettings.load(hf)
+        if not (hf / "tokenizer.json").is_file():  # without it transformers builds a stand-in
+            raise DataError(
+                f"--checkpoint {checkpoint}: {hf / 'tokenizer.json'} is missing (every export "
+                "writes it); the checkpoint is incomplete: copy it again."
+            )
+        self.tokenizer = load_tokenizer(str(hf))
+        saved = self.settings.vocabulary_sha256
+        if saved is not None and vocabulary_sha256(self.tokenizer) != saved:
+            raise DataError(
+                f"--checkpoint {checkpoint}: {hf / 'tokenizer.json'} is not the tokenizer this model "
+                f"was trained with (its vocabulary differs from the one {qa_settings.QA_SETTINGS} "
+                "records); copy the checkpoint's hf/ again."
+            )
+        self.spec = self.settings.window_spec
+        limit = model_position_limit(str(hf))
+        if limit is not None and self.spec.max_seq_length > limit:
+            raise DataError(
+                f"{hf / qa_settings.QA_SETTINGS}: max_seq_length {self.spec.max_seq_length} is above "
+                f"the model's {limit} positions; the file is damaged or edited: re-export the checkpoint."
+            )
+        self.batch_size = batch_size or self.settings.eval_batch_size
+        self.null_threshold: float | None = None
+        if runtime == "torch":
+            self.forward = self._torch_model(checkpoint, hf, device, precision)
+        else:
+            self.forward = self._onnx_model(hf, device, precision)
+
+    def _onnx_model(self, hf: Path, device: str | None, precision: str | None) -> Callable[[dict], Logits]:
+        from extractive_qa.serve import onnx_model
+
+        path = hf / onnx_model.RUNTIME_FILES[self.runtime]
+        if not path.is_file():
+            raise DataError(
+                f"--runtime {self.runtime}: {hf} has no {path.name}; write it with "
+                "`python3 export.py --checkpoint CHECKPOINT --out DIR` and pass --checkpoint DIR."
+            )
+        if device not in (None, "cpu"):
+            raise DataError(f"--runtime {self.runtime} runs on the CPU (ONNX Runtime's CPU provider).")
+        if precision not in (None, "auto", "fp32"):
+            raise DataError(
+                f"--precision {precision}: the ONNX models compute in fp32 ({onnx_model.ONNX_FILE}) or "
+                f"with int8 weights ({onnx_model.INT8_FILE}); use --runtime torch for {precision}."
+            )
+        onnx_model.require_onnx(f"--runtime {self.runtime}")
+        self.device, self.precision = "cpu", "fp32"
+        return onnx_model.OnnxLogits(path)
+
+    def _torch_model(
+        self, checkpoint: str, hf: Path, device: str | None, precision: str | None
+    ) -> Callable[[dict], Logits]:
+        import torch
+        from transformers import AutoModelForQuestionAnswering
+
+        self.device = torch_device(device)
+        # The precision evaluation ran with, so the logits -- and EM/F1 -- are the trial's; `auto`
+        # picks for this device as a run does.
+        self.precision, _ = arithmetic.resolve_precision(
+            precision or self.settings.precision, self.device.type
+        )
+        if self.precision == "fp16" and self.device.type != "cuda":
+            print("predict: fp16 autocast needs CUDA; computing in fp32 on the CPU.", file=sys.stderr)
+            self.precision = "fp32"
+        if self.device.type == "cuda":
+            arithmetic.configure_cuda_math(self.settings.tf32)
+        if (hf / "model.onnx").is_file() and not any(hf.glob("*.safetensors")) and not any(hf.glob("*.bin")):
+            raise DataError(
+                f"--checkpoint {checkpoint}: an ONNX export (no PyTorch weights); answer with "
+                "--runtime onnx or --runtime onnx-int8."
+            )
+        if not any(hf.glob("*.safetensors")) and any(hf.glob("*.bin")):
+            raise DataError(
+                f"--checkpoint {checkpoint}: {hf} holds pickled weights (pytorch_model.bin) only; "
+                "predict.py loads safetensors, which run no code. Re-save the model with "
+                "save_pretrained(..., safe_serialization=True)."
+            )
+        try:
+            model = AutoModelForQuestionAnswering.from_pretrained(hf, use_safetensors=True)
+        except Exception as err:  # truncated or foreign weights: name the files, not a traceback
+            reason = str(err).splitlines()[0][:300] if str(err) else type(err).__name__
+            raise DataError(
+                f"--checkpoint {checkpoint}: cannot load the model in {hf} ({reason}); the weights "
+                "may be damaged or cut short: copy the checkpoint again."
+            ) from None
+        vocabulary, embeddings = len(self.tokenizer), model.get_input_embeddings().num_embeddings
+        if not embeddings // 2 <= vocabulary <= embeddings:  # models may pad embeddings, not halve them
+            raise DataError(
+                f"--checkpoint {checkpoint}: its tokenizer has {vocabulary} tokens, its model "
+                f"{embeddings} embeddings; the tokenizer files in {hf} are not this model's."
+            )
+        if self.precision in arithmetic.AUTOCAST_DTYPES:
+            arithmetic.fp32_logits(model)
+        self.model = model.to(self.device).eval()
+        accepted = forward_params(self.model)
+
+        def forward(batch: dict) -> Logits:
+            inputs = model_inputs(batch, accepted)
+            with torch.inference_mode(), arithmetic.autocast(self.device.type, self.precision):
+                out = self.model(**{k: v.to(self.device) for k, v in inputs.items()})
+            return out.start_logits.float().cpu().numpy(), out.end_logits.float().cpu().numpy()
+
+        return forward
+
+    def batches(self, features: Features) -> Iterator[dict]:
+        """The windows in evaluation's batches (sorted by length, padded as it padded)."""
+        sampler, collate = evaluation_batches(features, self.batch_size, self.settings.pad_to_multiple_of)
+        for indices in sampler.batches(0):
+            yield collate(indices.tolist())
+
+    def logits(self, features: Features) -> tuple[np.ndarray, np.ndarray]:
+        """Start/end logits of every window, batched exactly like the trial's evaluation."""
+        parts = []
+        for batch in self.batches(features):
+            start, end = self.forward(batch)
+            parts.append((batch["feature_index"].numpy(), start, end))
+        return assemble_logits(parts, features)
+
+    def answer(self, examples: Sequence[squad_files.Example]) -> Answers:
+        features = self.features(examples)
+        start, end = self.logits(features)
+        return self.extract(examples, features, start, end)
+
+    def features(self, examples: Sequence[squad_files.Example]) -> Features:
+        return build_features(examples, self.tokenizer, self.spec, labels=False, offsets=True)
+
+    def extract(
+        self, examples: Sequence[squad_files.Example], features: Features, start: np.ndarray, end: np.ndarray
+    ) -> Answers:
+        return self.settings.extract_answers(examples, features, start, end, self.null_threshold)
+
+    def null_threshold_from(self, choice: str | None) -> None:
+        """--null-threshold: `tuned` (the checkpoint's best_f1 threshold), a number, or (None) the
+        run's data.null_score_diff_threshold."""
+        self.null_threshold = None
+        if choice is None:
+            return
+        if self.settings.squad_version != "2.0":
+            raise DataError(
+                "--null-threshold: this checkpoint answers SQuAD v1.1 (no unanswerable questions); "
+                "the no-answer threshold applies to v2.0 models only."
+            )
+        if choice == "tuned":
+            if self.settings.tuned_null_threshold is None:
+                raise DataError(
+                    "--null-threshold tuned: this checkpoint holds no tuned threshold (it was saved "
+                    "before any SQuAD v2.0 validation); give a number instead."
+                )
+            self.null_threshold = float(self.settings.tuned_null_threshold)
+            return
+        try:
+            value = float(choice)
+        except ValueError:
+            value = float("nan")
+        if not math.isfinite(value):
+            raise DataError(f"--null-threshold: expected `tuned` or a number, got {choice!r}.")
+        self.null_threshold = value
