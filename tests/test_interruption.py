@@ -132,3 +132,53 @@ def test_resume_latest_takes_only_this_runs_checkpoints(
     assert code == 2 and "hyperparameters.learning_rate: 0.001 -> 0.003" in err and "--allow-changed" in err
     code, _, err = run_train([*again, "--resume", str(others[0]), "--allow-changed"])
     assert code == 0, err
+
+
+def test_sigterm_exits_143_and_a_second_ctrl_c_stops_at_once(tiny_bert: Path, tmp_path: Path) -> None:
+    """SIGTERM (a scheduler's stop): the batch finishes, a checkpoint is kept, exit 143. Ctrl-C
+    twice: the second stops at once, without an exit checkpoint, exit 130."""
+    config = _config(tiny_bert, tmp_path)
+    term = [sys.executable, "train.py", "--config", str(config), "--checkpoint-dir", str(tmp_path / "t"),
+            "--batches", str(BATCHES)]  # fmt: skip
+    proc = _start(term)
+    err = _signal_after_first_batch(proc, signal.SIGTERM)
+    assert proc.returncode == 143, err[-3000:]
+    assert "stopped after " in err and "checkpoint kept:" in err and "Traceback" not in err
+    twice = [*term[:-4], "--checkpoint-dir", str(tmp_path / "i"), "--batches", str(BATCHES)]
+    proc = _start(twice)
+    seen = []
+    assert proc.stderr is not None
+    for line in proc.stderr:  # the first Ctrl-C once training runs, the second when it is heard
+        seen.append(line)
+        if "estimate from the first batch" in line:
+            proc.send_signal(signal.SIGINT)
+        if "SIGINT: stopping after this batch" in line:
+            proc.send_signal(signal.SIGINT)
+            break
+    err = "".join(seen) + proc.communicate(timeout=300)[1]
+    assert proc.returncode == 130, err[-3000:]
+    assert "stopped at once (second Ctrl-C), without an exit checkpoint" in err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
+
+
+def test_retention_keeps_the_newest_checkpoint_and_latest_refuses_without_one(
+    tiny_bert: Path, tmp_path: Path
+) -> None:
+    """A local run keeps what checkpoint_storage says (save_trial_latest 1, save_trial_best 0:
+    the newest only) and deletes its older ones; `--resume latest` with none of this run there
+    is an error (exit 2), `auto` starts fresh."""
+    conf = tiny_config(tiny_bert, tmp_path)
+    conf["min_checkpoint_period"] = {"batches": 2}
+    conf["checkpoint_storage"] = {"type": "shared_fs", "host_path": "/tmp", "save_trial_latest": 1,
+                                  "save_trial_best": 0}  # fmt: skip
+    config = write_yaml(conf, tmp_path / "exp.yaml")
+    store = ["--config", str(config), "--checkpoint-dir", str(tmp_path / "c")]
+    code, _, err = run_train([*store, "--resume", "latest", "--batches", "6"])
+    assert code == 2 and "--resume latest: no complete checkpoint of this run" in err, err[-2000:]
+    code, result, err = run_train([*store, "--resume", "auto", "--batches", "6"])
+    assert code == 0, err[-2000:]
+    kept = [
+        json.loads(m.read_text())["steps_completed"]
+        for m in (tmp_path / "c" / "determined").glob("*/metadata.json")
+    ]
+    assert kept == [6] and result["steps_completed"] == 6  # the checkpoints at 2 and 4 were removed

@@ -174,11 +174,12 @@ def test_the_loaders_read_only_bytes_the_rewrite_wrote(
         write_new(private, *args)
         written.update(hashlib.sha256(p.read_bytes()).hexdigest() for p in private.iterdir() if p.is_file())
 
-    loaded: list[tuple[Path, str]] = []
+    loaded: list[tuple[Path, str, int]] = []
     torch_load, pickle_load = torch.load, pickle.load
 
     def seen(path: Path) -> None:
-        loaded.append((path, hashlib.sha256(path.read_bytes()).hexdigest()))
+        mode = path.parent.stat().st_mode & 0o777
+        loaded.append((path, hashlib.sha256(path.read_bytes()).hexdigest(), mode))
 
     def load_torch(f: Any, *args: Any, **kwargs: Any) -> Any:
         seen(Path(f))
@@ -195,10 +196,11 @@ def test_the_loaders_read_only_bytes_the_rewrite_wrote(
     code, result, err = resume(checkpoint, mine, tmp_path)
     assert code == 0, err[-3000:]
     assert result["steps_completed"] == 8
-    restored = [(p, digest) for p, digest in loaded if p.name in ("state_dict.pth", "trial_state.pkl")]
-    assert {p.name for p, _ in restored} == {"state_dict.pth", "trial_state.pkl"}
-    for path, digest in restored:
+    restored = [entry for entry in loaded if entry[0].name in ("state_dict.pth", "trial_state.pkl")]
+    assert {p.name for p, _, _ in restored} == {"state_dict.pth", "trial_state.pkl"}
+    for path, digest, mode in restored:
         assert path.parent.name.startswith(".resume-") and not path.is_relative_to(mine)
+        assert mode == 0o700  # a directory only this user can enter
         assert digest in written  # bytes the rewrite wrote, not a copy of the user's file
     assert not list((tmp_path / "c" / "determined").glob(".resume-*"))
 
@@ -368,6 +370,18 @@ def test_a_compressed_member_is_refused_before_it_is_inflated(trained, tmp_path:
     rebuild_state(planted / "state_dict.pth", bomb)
     code, _, err = resume(checkpoint, planted, tmp_path)
     refused(code, err, "state_dict.pth", "compressed")
+
+
+def test_a_symlink_planted_in_a_checkpoint_is_refused_not_followed(trained, tmp_path: Path) -> None:
+    """state_dict.pth as a link to another file (another checkpoint, a secret): never opened."""
+    checkpoint, _ = trained
+    planted = copy_of(checkpoint, tmp_path)
+    elsewhere = tmp_path / "elsewhere.pth"
+    (planted / "state_dict.pth").rename(elsewhere)
+    (planted / "state_dict.pth").symlink_to(elsewhere)
+    code, _, err = resume(checkpoint, planted, tmp_path)
+    refused(code, err, "state_dict.pth", "cannot be opened as a plain file")
+    nothing_written(tmp_path)
 
 
 def test_a_fifo_is_refused_without_waiting_for_a_writer(trained, tmp_path: Path) -> None:

@@ -93,8 +93,9 @@ def render(facts: CardFacts) -> str:
     official = facts.validation.sha256 in OFFICIAL_SHA256.values()
     dataset = "rajpurkar/squad_v2" if facts.squad_version == "2.0" else "rajpurkar/squad"
     meta: dict[str, Any] = {} if local else {"base_model": base}
+    licence = "other" if local else _license(base)
     meta |= {
-        "license": "other" if local else _license(base),
+        "license": licence,
         "pipeline_tag": "question-answering",
         "tags": ["question-answering", "extractive-qa", "determined"],
     }
@@ -106,13 +107,69 @@ def render(facts: CardFacts) -> str:
     if rows:
         meta["model-index"] = [{"name": facts.run_name, "results": [{
             "task": {"type": "question-answering", "name": "Extractive Question Answering"},
-            "dataset": {"name": facts.validation.name, "type": dataset if official else "json",
+            "dataset": {"name": _dataset_name(facts, official), "type": dataset if official else "json",
                         "split": "validation"},
             "metrics": [{"type": kind, "value": float(value), "name": name} for _, kind, name, value in rows],
         }]}]  # fmt: skip
     front = yaml.safe_dump(meta, sort_keys=False, allow_unicode=True)
     shown = f"a local model ({Path(base).name})" if local else f"`{base}`"
-    return f"---\n{front}---\n\n" + "\n".join(_body(facts, shown, rows)) + "\n"
+    return f"---\n{front}---\n\n" + "\n".join(_body(facts, shown, rows, licence)) + "\n"
+
+
+def _dataset_name(facts: CardFacts, official: bool) -> str:
+    """SQuAD by its name: the official file, or a file in SQuAD's form (named)."""
+    if official:
+        return f"SQuAD v{facts.squad_version}"
+    return f"{facts.validation.name} (SQuAD v{facts.squad_version} format)"
+
+
+# How to answer with the weights this card sits beside (an ONNX export replaces it: for_export).
+USE_PYTORCH = [
+    "## Use",
+    "",
+    "With transformers alone (one window: the question and the start of the context; the best",
+    "start, then the best end from there on):",
+    "",
+    "```python",
+    "import torch",
+    "from transformers import AutoModelForQuestionAnswering, AutoTokenizer",
+    "",
+    'model = AutoModelForQuestionAnswering.from_pretrained("PATH/TO/hf")',
+    'tokenizer = AutoTokenizer.from_pretrained("PATH/TO/hf")',
+    'question, context = "Who won?", "The Denver Broncos won Super Bowl 50."',
+    'inputs = tokenizer(question, context, return_tensors="pt", truncation="only_second")',
+    "with torch.no_grad():",
+    "    out = model(**inputs)",
+    "start = int(out.start_logits[0].argmax())",
+    "end = start + int(out.end_logits[0, start:].argmax())",
+    'print(tokenizer.decode(inputs["input_ids"][0, start : end + 1]))',
+    "```",
+    "",
+    "With the windowing and answer extraction the validation used (`qa_settings.json` here), from",
+    "this repository:",
+    "",
+    "```bash",
+    'python3 predict.py --checkpoint PATH/TO/hf --question "Who won?" --context "The Denver Broncos won."',
+    "python3 predict.py --checkpoint PATH/TO/hf --squad dev.json --out predictions.json",
+    "```",
+]
+
+
+def for_export(card: str, files: list[str]) -> str:
+    """The card an export.py directory carries: the same facts, its `## Use` for the ONNX files
+    it holds (the PyTorch weights are not there)."""
+    head = card.split("\n## Use\n")[0].rstrip()
+    runtimes = [("model.onnx", "onnx", "fp32"), ("model-int8.onnx", "onnx-int8", "int8 weights")]
+    held = [(name, runtime, what) for name, runtime, what in runtimes if name in files]
+    use = ["## Use", "", "This directory holds ONNX models (no PyTorch weights), answered with this",
+           "repository's `predict.py` on ONNX Runtime (requirements-export.txt):", ""]  # fmt: skip
+    use += [f"- `{name}`: {what}, `--runtime {runtime}`" for name, runtime, what in held]
+    use += ["", "```bash"]
+    use += [f'python3 predict.py --checkpoint PATH/TO/EXPORT --runtime {runtime} --question "Who won?" '
+            '--context "The Denver Broncos won."' for _, runtime, _ in held[:1]]  # fmt: skip
+    use += ["python3 predict.py --checkpoint PATH/TO/EXPORT --runtime onnx --squad dev.json --out preds.json"]
+    use += ["```", "", "`export.json` records how the ONNX models' logits compare with PyTorch's."]
+    return head + "\n\n" + "\n".join(use) + "\n"
 
 
 def _license(base: str) -> str:
@@ -123,12 +180,13 @@ def _license(base: str) -> str:
     return "other"
 
 
-def _body(facts: CardFacts, base: str, rows: list[tuple[str, str, str, Any]]) -> list[str]:
+def _body(facts: CardFacts, base: str, rows: list[tuple[str, str, str, Any]], licence: str) -> list[str]:
     lines = [
         f"# {facts.run_name}",
         "",
-        f"{base} fine-tuned for extractive question answering on SQuAD v{facts.squad_version}-style "
-        "data with this repository's Determined trial. Written by the trial with the checkpoint.",
+        f"{base} fine-tuned for extractive question answering on SQuAD v{facts.squad_version} data "
+        f"(`{facts.train.name}`) with this repository's Determined trial. Written by the trial with "
+        "the checkpoint.",
         "",
         "## Results",
         "",
@@ -148,28 +206,24 @@ def _body(facts: CardFacts, base: str, rows: list[tuple[str, str, str, Any]]) ->
     for role, file in (("training", facts.train), ("validation", facts.validation)):
         used = f"{file.questions} (the file's first)" if file.first else str(file.questions)
         lines.append(f"| {role} | `{file.name}` | {used} | `{file.sha256}` |")
+    known = f"`{licence}`, the base model's" if licence != "other" else "`other` (check the base model's)"
     lines += [
         "",
-        "SQuAD is by Rajpurkar et al. (2016, 2018), licensed CC BY-SA 4.0. The licence above is the "
-        "base model's as far as this repository knows it (`other`: check the base model's card).",
+        "SQuAD (the Stanford Question Answering Dataset) is by Rajpurkar et al. (2016, 2018), "
+        f"licensed CC BY-SA 4.0. The model's licence: {known}.",
         "",
-        "## Use",
+        "## Limitations",
         "",
-        "```python",
-        "from transformers import AutoModelForQuestionAnswering, AutoTokenizer, pipeline",
+        "The model picks a span of the context it is given: it cannot answer from knowledge, rephrase, "
+        "or combine passages, and it was trained and scored on English Wikipedia paragraphs only."
+        + (
+            " A SQuAD v1.1 model always answers, even where the context holds no answer."
+            if facts.squad_version == "1.1"
+            else ' It answers "" where the no-answer score wins; where that threshold lies decides '
+            "how often it abstains."
+        ),
+        "The scores above are on the validation file named here, not on other text.",
         "",
-        'model = AutoModelForQuestionAnswering.from_pretrained("PATH/TO/hf")',
-        'tokenizer = AutoTokenizer.from_pretrained("PATH/TO/hf")',
-        'qa = pipeline("question-answering", model=model, tokenizer=tokenizer)',
-        'print(qa(question="Who won?", context="..."))',
-        "```",
-        "",
-        "The windowing and answer extraction the validation used (`qa_settings.json` here) come with "
-        "this repository's `predict.py`:",
-        "",
-        "```bash",
-        'python3 predict.py --checkpoint PATH/TO/hf --question "Who won?" --context "..."',
-        "python3 predict.py --checkpoint PATH/TO/hf --squad dev.json --out predictions.json",
-        "```",
+        *USE_PYTORCH,
     ]
     return lines
