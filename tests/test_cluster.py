@@ -40,7 +40,6 @@ from tests.support.project import DEV_V1, ROOT
 # --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.cluster_stack
 @needs_containers
 def test_one_slot_trains_validates_checkpoints_and_profiles_like_a_cluster(
     tiny_bert: Path, tmp_path: Path
@@ -229,7 +228,6 @@ def test_searcher_stop_ends_the_trial_with_a_checkpoint(tiny_bert: Path, tmp_pat
     assert "the searcher stopped this trial" in record.logs[0]
 
 
-@pytest.mark.cluster_stack
 @needs_containers
 def test_truncated_latest_checkpoint_is_refused_before_training(two_slots, tmp_path: Path) -> None:
     _, conf, hp, baseline = two_slots

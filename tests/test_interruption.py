@@ -49,7 +49,6 @@ def _signal_after_first_batch(proc: subprocess.Popen, signum: int, group: bool =
     return "".join(seen) + rest
 
 
-@pytest.mark.cluster_stack
 def test_ctrl_c_keeps_a_checkpoint_and_its_resume_equals_the_uninterrupted_run(
     tiny_bert: Path, tmp_path: Path
 ) -> None:

@@ -12,8 +12,11 @@ twice runs once. What cannot run here runs in its checking form:
   test runs in is exactly what they make (.ci/run runs them from scratch);
 - `det experiment create X .` (no master here): X's dry run;
 - scaling.py launch/report (a master) and bench studies (hours): `--help`;
-- torchrun over more than 2 local processes or several machines (GPUs, hosts): the trial's dry
-  run (tests/test_without_master.py runs the two-machine line on two network namespaces).
+- torchrun over several processes or machines (GPUs, hosts): the trial's dry run
+  (tests/test_interruption.py runs the two-process line, started twice around a SIGTERM;
+  tests/test_without_master.py runs the two-machine line on two network namespaces);
+- scaling.py local (a series of torchrun runs): `--help` (tests/test_scaling.py runs the study
+  end to end on a tiny model).
 """
 
 from __future__ import annotations
@@ -83,15 +86,15 @@ def how_to_run(command: str, work: Path) -> tuple[str, str] | None:
     words = shlex.split(command)
     if words[:3] == ["det", "experiment", "create"]:
         return f"python3 train.py --config {words[3]} --dry-run", "dry run (no master)"
-    if words[:2] == ["python3", "scaling.py"] and words[2] in ("launch", "report"):
-        return f"python3 scaling.py {words[2]} --help", "--help (needs a master)"
+    if words[:2] == ["python3", "scaling.py"] and words[2] in ("launch", "report", "local"):
+        return f"python3 scaling.py {words[2]} --help", "--help (a master, or a series of runs)"
     if words[:2] == ["python3", "-m"] and words[2].startswith("bench."):
         return f"python3 -m {words[2]} --help", "--help (a study)"
     script = next((i for i, w in enumerate(words) if w.endswith(".py")), None)
     if words[0] == "torchrun":
         processes = int(next((w.split("=")[1] for w in words if w.startswith("--nproc_per_node=")), "1"))
-        if processes > 2 or any(w.startswith("--nnodes") for w in words):
-            return shlex.join(["python3", *words[script:], "--dry-run"]), "dry run (GPUs or machines)"
+        if processes > 1 or any(w.startswith("--nnodes") for w in words):
+            return shlex.join(["python3", *words[script:], "--dry-run"]), "dry run (processes or machines)"
     line = command
     if "UUID" in command:  # a resume takes a checkpoint of its own run; predict one of its version
         version = "2.0" if "v2.0" in command else "1.1"

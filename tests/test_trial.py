@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import logging
 import math
@@ -272,7 +273,6 @@ def test_slow_tokenizer_is_refused(tmp_path: Path, tokenizer) -> None:
         pytest.skip(f"transformers converted the vocabulary to a fast tokenizer ({type(loaded).__name__})")
 
 
-@pytest.mark.cluster_stack
 def test_two_multi_process_runs_at_once_each_equal_a_one_process_evaluation(
     tiny_bert: Path, tmp_path: Path
 ) -> None:
@@ -306,9 +306,9 @@ def test_two_processes_all_reduce_only_on_optimizer_step_batches(tiny_bert: Path
     """aggregation_frequency 2 halves the all-reduces per batch (Determined alone does not: its
     no_sync() wraps only backward, and DDP decides in forward)."""
     path = write_yaml(tiny_config(tiny_bert, tmp_path), tmp_path / "exp.yaml")
-    one, two = (
-        allreduce_probe.summarise(f, allreduce_probe.launch(path, f, 6, [], tmp_path), 4) for f in (1, 2)
-    )
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:  # both at once: each picks free ports
+        raw = list(pool.map(lambda f: allreduce_probe.launch(path, f, 6, [], tmp_path), (1, 2)))
+    one, two = (allreduce_probe.summarise(f, r, 4) for f, r in zip((1, 2), raw, strict=True))
     assert one["communicating_batches"] == one["optimizer_steps"] == 6
     assert two["communicating_batches"] == two["optimizer_steps"] == 3
     assert one["allreduce_calls_per_batch"] == one["allreduce_calls_per_step"] > 0
