@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import study
-from bench.common import cpu_description, machine_text
+from bench.common import cpu_description, machine_text, provenance
 from bench.study import ROOT
 
 CONFIG = "local.yaml"
@@ -289,6 +289,8 @@ def main(argv: list[str] | None = None) -> int:
         command += [f"{OPTION[f]} {','.join(v)}" for f, v in levels.items()]
         command += [f"--set {o}" for o in args.overrides]
         result["command"], result["date"] = " ".join(command), time.strftime("%Y-%m-%d")
+        recorded = provenance("bench.cpu_precision", sys.argv[1:])
+        result["commit"], result["versions"] = recorded["commit"], recorded["versions"]
         result["overrides"] = args.overrides
         result["rows"] = normalized(result["rows"])
         study.run_all(runs(seeds, levels, tuple(args.overrides)), path, result, CONFIG, jobs=args.jobs)
