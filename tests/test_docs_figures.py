@@ -1,0 +1,113 @@
+"""The figures README.md and docs/ quote, each computed here from the results file it comes from:
+change a number in a file under bench/results/ (or the sentence quoting it) and this test names
+the figure that no longer agrees. A new headline figure gets its row in FIGURES."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+import pytest
+
+from bench import study
+from tests.support.project import ROOT
+
+RESULTS = ROOT / "bench" / "results"
+
+
+@cache
+def results(name: str) -> Any:
+    return json.loads((RESULTS / name).read_text())
+
+
+def row(name: str, **cell: Any) -> dict[str, Any]:
+    """The one row of a study file whose fields equal `cell`."""
+    (found,) = [r for r in results(name)["rows"] if all(r.get(k) == v for k, v in cell.items())]
+    return found
+
+
+def paired_f1(name: str, arm: dict[str, Any], baseline: dict[str, Any]) -> str:
+    """A study's paired F1 difference (arm - baseline) as the docs write it: +0.23 [-0.45, +0.90]."""
+    rows = results(name)["rows"]
+    return study.fmt_diff(study.paired(study.by_seed(rows, arm), study.by_seed(rows, baseline)))
+
+
+def seq_per_s(name: str, rung: str) -> float:
+    (found,) = [r for r in results(name)["rows"] if r["name"] == rung]
+    return found["sequences_per_s"]
+
+
+def first_command_fp32() -> str:
+    r = row("cpu-dropout-masks.json", seed=42, masks="fast", precision="fp32")
+    return f"EM {r['exact_match']:.1f} / F1 {r['f1']:.1f} (seed 42)"
+
+
+def first_command_fp32_time() -> str:
+    r = row("cpu-dropout-masks.json", seed=42, masks="fast", precision="fp32")
+    return (
+        f"{r['train_seconds']:.1f} s training ({r['samples_per_s']:.1f} samples/s), "
+        f"{r['wall_seconds']:.1f} s for the whole run"
+    )
+
+
+def batching() -> str:
+    speed = results("batching.json")["speed"]["x86_64 CPU"]["arms"]["sorted/8"]["vs_padded"]
+    diff = paired_f1("batching.json", {"batching": "sorted", "pad_to_multiple_of": 8}, {"batching": "padded"})
+    return f"{speed:.2f}x the standard recipe's speed at the shipped 256 tokens; F1 {diff} against it"
+
+
+def resume_rewrite(model: str) -> str:
+    r = row("resume-rewrite-cpu.json", model=model)
+    load, rewrite = r["load"], r["rewrite"]
+    return (
+        f"{load['seconds']:.2f} s, peak RSS {load['peak_rss_mb']:,.0f} MB | "
+        f"{rewrite['seconds']:.2f} s, peak RSS {rewrite['peak_rss_mb']:,.0f} MB | "
+        f"{r['rewrite_over_load_seconds']:.2f}x"
+    )
+
+
+def gpu_rungs() -> str:
+    h100 = seq_per_s("throughput-h100-bf16-b12.json", "+ TF32 matmuls")
+    h200 = "throughput-h200-bf16-b64-compile.json"
+    bf16, tf32 = seq_per_s(h200, "+ bf16 autocast"), seq_per_s(h200, "+ TF32 matmuls")
+    return (
+        f"BERT-base {h100:.0f} seq/s at 12 per GPU (fp32+TF32) on the H100; at 64 per GPU on the "
+        f"H200, {bf16:,.0f} (bf16) vs {tf32:,.0f} (fp32+TF32)"
+    )
+
+
+def bf16_on_epyc() -> str:
+    return paired_f1("cpu-precision.json", {"precision": "bf16"}, {"precision": "fp32"})
+
+
+def bf16_on_amx() -> str:
+    return paired_f1("cpu-precision-amx.json", {"precision": "bf16"}, {"precision": "fp32"})
+
+
+@dataclass(frozen=True)
+class Figure:
+    document: str
+    what: str
+    quoted: Callable[[], str]
+
+
+FIGURES = [
+    Figure("README.md", "the first command's EM/F1 without bf16 units", first_command_fp32),
+    Figure("docs/results.md", "the first command's time without bf16 units", first_command_fp32_time),
+    Figure("README.md", "length-sorted batches against the standard recipe", batching),
+    Figure("README.md", "bf16 vs fp32 F1 on the AMD EPYC", bf16_on_epyc),
+    Figure("README.md", "bf16 vs fp32 F1 on the Intel Xeon with AMX", bf16_on_amx),
+    Figure("docs/results.md", "a resume's rewrite, MiniLM", lambda: resume_rewrite("minilm")),
+    Figure("docs/results.md", "a resume's rewrite, BERT-base sized", lambda: resume_rewrite("bert-base")),
+    Figure("README.md", "BERT-base training rates on one GPU", gpu_rungs),
+]
+
+
+@pytest.mark.parametrize("figure", FIGURES, ids=[f.what for f in FIGURES])
+def test_the_documents_quote_what_the_results_files_hold(figure: Figure) -> None:
+    text = (ROOT / figure.document).read_text()
+    expected = figure.quoted()
+    assert expected in text, f"{figure.document} should quote {figure.what} as {expected!r}"
