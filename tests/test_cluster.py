@@ -158,7 +158,6 @@ def test_every_report_carries_the_windows_throughput_for_the_webui(two_slots) ->
     assert val["perf_val_questions_per_s"] * val["perf_val_s"] == pytest.approx(questions)
 
 
-@pytest.mark.cluster_stack
 @needs_containers
 def test_pause_and_resume_equal_an_uninterrupted_run(two_slots, tmp_path: Path) -> None:
     _, conf, hp, baseline = two_slots
