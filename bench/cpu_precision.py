@@ -288,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         command = [f"python3 -m bench.cpu_precision {name} --seeds {args.seeds}"]
         command += [f"{OPTION[f]} {','.join(v)}" for f, v in levels.items()]
         command += [f"--set {o}" for o in args.overrides]
+        command += [f"--json {args.json}"] if args.json else []
         result["command"], result["date"] = " ".join(command), time.strftime("%Y-%m-%d")
         recorded = provenance("bench.cpu_precision", sys.argv[1:])
         result["commit"], result["versions"] = recorded["commit"], recorded["versions"]
