@@ -5,6 +5,7 @@ the figure that no longer agrees. A new headline figure gets its row in FIGURES.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
@@ -123,6 +124,20 @@ def bf16_on_amx() -> str:
     return paired_f1("cpu-precision-amx.json", {"precision": "bf16"}, {"precision": "fp32"})
 
 
+def ci_fresh_clone() -> str:
+    """docs/development.md's CI figures, from the fresh clone's summary."""
+    text = (RESULTS / "ci-fresh-clone-amx.txt").read_text()
+    seconds = int(re.search(r"^result: rc=0 seconds=(\d+)$", text, re.M).group(1))
+    (main, compat) = re.findall(r"^(\d+) passed, (\d+) skipped.* in ([\d.]+)s", text, re.M)
+    venv = re.search(r"venv ready in (\d+) s", text).group(1)
+    return (
+        f"**{seconds:,} s ({seconds / 60:.1f} min)**, exit 0: the main suite {main[0]} passed, "
+        f"{main[1]} skipped in {float(main[2]):.0f} s; `.ci/compat`'s venv built in "
+        f"{venv} s beside the main install; its tests "
+        f"{compat[0]} passed, {compat[1]} skipped in {float(compat[2]):.0f} s"
+    )
+
+
 @dataclass(frozen=True)
 class Figure:
     document: str
@@ -141,6 +156,7 @@ FIGURES = [
     Figure("docs/results.md", "a resume's rewrite, MiniLM", lambda: resume_rewrite("minilm")),
     Figure("docs/results.md", "a resume's rewrite, BERT-base sized", lambda: resume_rewrite("bert-base")),
     Figure("README.md", "BERT-base training rates on one GPU", gpu_rungs),
+    Figure("docs/development.md", "a fresh clone's CI", ci_fresh_clone),
 ]
 
 
