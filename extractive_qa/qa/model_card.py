@@ -215,7 +215,8 @@ def _body(facts: CardFacts, base: str, rows: list[tuple[str, str, str, Any]], li
         "## Limitations",
         "",
         "The model picks a span of the context it is given: it cannot answer from knowledge, rephrase, "
-        "or combine passages, and it was trained and scored on English Wikipedia paragraphs only."
+        "or combine passages, and it knows only the kind of text in the files named above (SQuAD's: "
+        "English Wikipedia paragraphs)."
         + (
             " A SQuAD v1.1 model always answers, even where the context holds no answer."
             if facts.squad_version == "1.1"
