@@ -33,7 +33,7 @@ from extractive_qa.errors import ConfigError
 from extractive_qa.launch.identity import run_identity
 from extractive_qa.launch.local_run import TrialExtras
 from extractive_qa.qa import arithmetic, model_card, outputs, qa_settings, squad_metric
-from extractive_qa.trial import dropout_masks, model_io, perf_metrics
+from extractive_qa.trial import dropout_masks, model_io, perf_metrics, span_loss
 from extractive_qa.trial.callbacks import CheckpointRecord, HFExport, RankRandomState, RunLog, SearcherStop
 from extractive_qa.trial.evaluation import SquadEvaluator
 from extractive_qa.trial.optimization import (
@@ -167,6 +167,7 @@ class SquadTrial(pytorch.PyTorchTrial):
         )
         total = self.total_optimizer_steps()
         warmup = int(self.plan.hparams.warmup_ratio * total)
+        self.answerable_first_steps = int(self.plan.hparams.answerable_first * total)
         rate = learning_rate_warning(self.plan.learning_rate)
         for warning in filter(None, (radam_warning(self.plan.hparams, total, warmup), rate)):
             if context.distributed.rank == 0:
@@ -241,7 +242,7 @@ class SquadTrial(pytorch.PyTorchTrial):
         masks = dropout_masks.masks(hp.dropout_masks, self.context.device.type, hp.torch_compile)
         with self.accumulating(batch_idx):
             with masks, self.autocast():
-                loss = self.model(**model_inputs(batch, self.accepted)).loss
+                loss = self.span_loss(batch, batch_idx)
             self.context.backward(self.scaler.scale(loss) if self.scaler else loss)
         max_norm = self.plan.hparams.max_grad_norm
 
@@ -257,6 +258,19 @@ class SquadTrial(pytorch.PyTorchTrial):
             self.scaler.update()
         self.perf.batch_ended(batch["attention_mask"])
         return {"loss": loss.detach().float(), "lr": lr}
+
+    def span_loss(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        """The model's own loss, or with no-answer windows weighted (span_loss.py)."""
+        hp = self.plan.hparams
+        step = batch_idx // self.plan.aggregation_frequency
+        weight = span_loss.no_answer_weight(step, self.answerable_first_steps, hp.no_answer_loss_weight)
+        inputs = model_inputs(batch, self.accepted)
+        if weight == 1.0:
+            return self.model(**inputs).loss
+        starts, ends = inputs.pop("start_positions"), inputs.pop("end_positions")
+        out = self.model(**inputs)
+        cls_index = self.train_features.cls_index
+        return span_loss.weighted_span_loss(out.start_logits, out.end_logits, starts, ends, cls_index, weight)
 
     def evaluate_batch(self, batch: dict[str, torch.Tensor], batch_idx: int) -> dict[str, Any]:
         with self.autocast():

@@ -98,6 +98,19 @@ class Hyperparameters:
     adam_beta2: float = setting(
         0.999, "AdamW / RAdam / LAMB: decay of the squared-gradient average", minimum=0, below=1
     )
+    no_answer_loss_weight: float = setting(
+        1.0,
+        "the span loss's weight on windows labelled no answer (CLS): 1 is the standard recipe; "
+        "below 1 a small model learns to find answers before it learns to abstain",
+        minimum=0,
+    )
+    answerable_first: float = setting(
+        0.0,
+        "share of the optimizer steps, from the start, in which windows labelled no answer weigh 0 "
+        "(the model first learns to find answers, then to abstain); 0: off",
+        minimum=0,
+        below=1,
+    )
     max_grad_norm: float = setting(1.0, "clip gradients to this global norm; 0 turns clipping off", minimum=0)
     optimizer: str = setting(
         "adamw", "adamw, radam (the write-up's choice for aggregation) or lamb", choices=OPTIMIZERS
