@@ -7,6 +7,9 @@ article is trained on:
   unanswerable questions): what local_v2.yaml trains on;
 - local-train-v2.0-answerable.json: the same without the unanswerable questions: the v1.1-style
   model the study compares against (same articles, no "no answer" examples);
+- local-train-v2.0-more.json: local-train-v2.0.json plus the v1.1 dev excerpt's article
+  Super_Bowl_50 (810 answerable questions; no held-out article's text): the study's arm that
+  asks what more answerable questions buy;
 - local-tune-v2.0.json: Sky_(United_Kingdom), held out from training, to tune the no-answer
   threshold on;
 - local-dev-v2.0.json: Victoria_(Australia), held out from training and tuning: what
@@ -42,11 +45,9 @@ def answerable_only(article: dict) -> dict:
     return {**article, "paragraphs": paragraphs}
 
 
-def main() -> None:
-    v1 = json.loads((HERE / "train-v1.1-excerpt.json").read_text(encoding="utf-8"))
-    v2_dev = json.loads((HERE / "dev-v2.0-excerpt.json").read_text(encoding="utf-8"))
-    v2 = {article["title"]: article for article in v2_dev["data"]}
-    notre_dame = [
+def answerable(v1: dict) -> list:
+    """A v1.1 file's articles with every question marked `is_impossible: false`."""
+    return [
         {
             **article,
             "paragraphs": [
@@ -56,8 +57,17 @@ def main() -> None:
         }
         for article in v1["data"]
     ]
+
+
+def main() -> None:
+    v1 = json.loads((HERE / "train-v1.1-excerpt.json").read_text(encoding="utf-8"))
+    v2_dev = json.loads((HERE / "dev-v2.0-excerpt.json").read_text(encoding="utf-8"))
+    v2 = {article["title"]: article for article in v2_dev["data"]}
+    notre_dame = answerable(v1)
     train = notre_dame + [v2[title] for title in TRAIN]
     write("local-train-v2.0.json", train)
+    v1_dev = json.loads((HERE / "dev-v1.1-excerpt.json").read_text(encoding="utf-8"))
+    write("local-train-v2.0-more.json", notre_dame + answerable(v1_dev) + [v2[title] for title in TRAIN])
     write("local-train-v2.0-answerable.json", [answerable_only(a) for a in train])
     write("local-tune-v2.0.json", [v2[TUNE]])
     write("local-dev-v2.0.json", [v2[DEV]])
