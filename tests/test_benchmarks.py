@@ -241,6 +241,29 @@ def test_squad2_report_pairs_each_table_on_the_seeds_its_models_share(tmp_path: 
     assert "-> precision: auto may pick bf16" in _bench("squad2", "report", "--json", str(path))
 
 
+def test_squad2_recipes_report_against_abstaining_and_the_three_epoch_recipe(tmp_path: Path) -> None:
+    """bench/squad2.py report on recipe arms: F1 at the Sky-tuned threshold against answering
+    nothing (49.80 on Victoria: its 123 of 247 unanswerable questions) and against v2-3ep, paired
+    seed by seed; training time as the mean per-seed ratio to v2-3ep's."""
+
+    def row(model: str, seed: int, f1: float, seconds: float) -> dict:
+        scores = {"exact": f1 - 1, "f1": f1, "HasAns_exact": 20.0, "HasAns_f1": 25.0,
+                  "NoAns_exact": 80.0, "NoAns_f1": 80.0}  # fmt: skip
+        return {"model": model, "seed": seed, "at_zero": {**scores, "f1": f1 - 8}, "at_tuned": scores,
+                "best_f1": f1 + 2, "tuned_threshold": -2.0, "train_seconds": seconds}  # fmt: skip
+
+    rows = [row("v2-3ep", 42, 44.0, 100.0), row("v2-3ep", 43, 46.0, 110.0)]
+    rows += [row("v2-6ep", 42, 54.0, 200.0), row("v2-6ep", 43, 58.0, 231.0)]
+    path = tmp_path / "squad2.json"
+    path.write_text(json.dumps({"config": "local_v2.yaml", "rows": rows}))
+    out = _bench("squad2", "report", "--json", str(path))
+    assert "answering nothing scores F1 49.80 on Victoria_(Australia); the goal: 54.80" in out
+    assert "| v2-3ep | 2 | 45.00 ± 1.41 | -4.80 [-17.50, +7.91] |" in out
+    # 6ep - abstaining: +4.20 and +8.20; 6ep - 3ep: +10 and +12; time ratios 2.00 and 2.10.
+    assert "| v2-6ep | 2 | 56.00 ± 2.83 | +6.20 [-19.21, +31.61] | 25.00 ± 0.00 | 80.00 ± 0.00 " in out
+    assert "| 58.00 ± 2.83 | +11.00 [-1.71, +23.71] | 216 | 2.05 |" in out
+
+
 def test_throughput_refuses_a_stride_as_wide_as_the_window() -> None:
     """bench.throughput: --doc-stride not below --max-seq-length is a usage error naming both
     flags, before any model or data is loaded (not the run plan's traceback)."""
