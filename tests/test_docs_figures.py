@@ -160,6 +160,37 @@ def amx_fast_masks_table() -> str:
     )
 
 
+def squad2_study_table() -> str:
+    """docs/squad2.md's v2 / v1.1-style table: bench.squad2's report rows, without its n column."""
+    from bench import squad2
+
+    table = squad2.report(results("squad2-cpu.json")).split("\n\n")[1]
+    return re.sub(r" \(n=\d+\)", "", table.split("\n", 2)[2])
+
+
+def squad2_tuned_gain() -> str:
+    from bench import squad2
+
+    rows = results("squad2-cpu.json")["rows"]
+    seeds = squad2.shared_seeds(rows, "v2", "v1.1-style")
+    gain = study.paired(
+        squad2.column(rows, "v2", ("at_tuned", "f1"), seeds),
+        squad2.column(rows, "v2", ("at_zero", "f1"), seeds),
+    )
+    return f"adds {gain['mean']:+.2f} F1 [{gain['lo']:+.2f}, {gain['hi']:+.2f}] over threshold 0"
+
+
+def squad2_overhead() -> str:
+    o = results("squad2-cpu.json")["overhead"]
+    ms = {k: f"{v * 1000:.1f} ms" for k, v in o["postprocess_s"].items()}
+    return (
+        f"({o['forward_s']:.1f} s of forward passes on {o['windows']} windows). Extraction and EM/F1 "
+        f"alone {ms['before']}; with best_* and the tuned threshold {ms['after']}: the validation takes "
+        f"**{o['validation_after_vs_before']:.4f}x** as long; with the three output files as well "
+        f"({ms['after + files']}), **{o['validation_with_files_vs_before']:.4f}x**"
+    )
+
+
 @dataclass(frozen=True)
 class Figure:
     document: str
@@ -180,6 +211,9 @@ FIGURES = [
     Figure("docs/results.md", "a resume's rewrite, BERT-base sized", lambda: resume_rewrite("bert-base")),
     Figure("README.md", "BERT-base training rates on one GPU", gpu_rungs),
     Figure("docs/development.md", "a fresh clone's CI", ci_fresh_clone),
+    Figure("docs/squad2.md", "the v2 / v1.1-style study table", squad2_study_table),
+    Figure("docs/squad2.md", "what the Sky-tuned threshold adds", squad2_tuned_gain),
+    Figure("docs/squad2.md", "the cost of the v2 validation's extra work", squad2_overhead),
 ]
 
 
