@@ -222,3 +222,37 @@ def test_the_documents_quote_what_the_results_files_hold(figure: Figure) -> None
     text = " ".join((ROOT / figure.document).read_text().split())  # line breaks as spaces
     expected = " ".join(figure.quoted().split())
     assert expected in text, f"{figure.document} should quote {figure.what} as {expected!r}"
+
+
+PROVENANCE = ("command", "commit", "date", "machine", "versions")
+# Measured before the bench modules recorded their commit and software versions (each file names
+# its command, machine or date as the docs quoting it do); a file written since records all five.
+MEASURED_BEFORE_PROVENANCE = {
+    "aggregation-accuracy-cpu.json", "aggregation-cpu.json", "batching.json", "cache-check-cpu.json",
+    "cluster-path-cpu.json", "cpu-dropout-masks.json", "cpu-levers-amx.json", "cpu-levers-intel.json",
+    "cpu-precision-amx.json", "cpu-precision.json", "cpu-profile-amx.json", "cpu-profile-intel.json",
+    "inference-cpu.json", "inference-h100.json", "inference-h200.json", "inference-runtimes-cpu.json",
+    "lr-scaling-cpu.json", "memory-cpu.json", "profiling-overhead-cpu.json", "squad2-cpu.json",
+    "throughput-cpu-amx.json", "throughput-cpu-bf16.json", "throughput-cpu-intel.json",
+    "throughput-cpu.json", "throughput-h100-bf16-b12.json", "throughput-h100-bf16-b16-before-fix.json",
+    "throughput-h100-bf16-b16.json", "throughput-h100-bf16-b32.json", "throughput-h100-fp16-b16.json",
+    "throughput-h200-bf16-b64-compile.json",
+}  # fmt: skip
+
+
+def test_every_new_results_file_records_its_command_commit_date_machine_and_versions() -> None:
+    """A results file (or each of its rows) names the command that wrote it, the commit, the date,
+    the machine and the software versions -- bench/common.py's provenance() -- unless it is one of
+    the files measured before that was recorded."""
+    missing = {}
+    for path in sorted(RESULTS.glob("*.json")):
+        if path.name in MEASURED_BEFORE_PROVENANCE:
+            continue
+        data = json.loads(path.read_text())
+        records = data["rows"] if not all(k in data for k in PROVENANCE) else [data]
+        lacking = {k for r in records for k in PROVENANCE if k not in r}
+        if lacking:
+            missing[path.name] = sorted(lacking)
+    assert not missing, f"results files without their provenance: {missing}"
+    gone = MEASURED_BEFORE_PROVENANCE - {p.name for p in RESULTS.glob("*.json")}
+    assert not gone, f"listed as measured before provenance but not in bench/results/: {gone}"
