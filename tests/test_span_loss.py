@@ -98,3 +98,19 @@ def test_a_run_learns_no_answer_only_after_answerable_first(tiny_bert: Path, tmp
     assert code == 0, err
     losses = [r["metrics"]["loss"] for r in json.loads(metrics.read_text())["training"]]
     assert len(losses) == 4 and losses[:2] == [0.0, 0.0] and min(losses[2:]) > 0, losses
+
+
+def test_a_resume_names_a_changed_no_answer_weighting() -> None:
+    """The weighting is part of what a checkpoint's run is: a resume with another weight is
+    named as changed; the standard recipe records nothing, so older checkpoints still match."""
+    from extractive_qa.launch.identity import identity_changes
+    from tests.test_readme import run_identity
+
+    standard = run_identity(["--config", "local_v2.yaml"])
+    assert not any("no_answer" in key or "answerable_first" in key for key in standard)
+    weighted = run_identity(
+        ["--config", "local_v2.yaml", "--set", "hyperparameters.no_answer_loss_weight=0.5"]
+    )
+    assert identity_changes(standard, weighted) == ["hyperparameters.no_answer_loss_weight: None -> 0.5"]
+    first = run_identity(["--config", "local_v2.yaml", "--set", "hyperparameters.answerable_first=0.25"])
+    assert identity_changes(standard, first) == ["hyperparameters.answerable_first: None -> 0.25"]
