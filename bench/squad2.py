@@ -17,6 +17,13 @@ Victoria at its own best threshold (optimistic: tuned on the set it scores).
 Precision: "v2" and "v1.1-style" run in fp32; "v2-bf16" is "v2" in bf16 autocast, paired with
 "v2" seed by seed, and its checkpoints are also answered with an fp32 forward pass (the same
 weights in both arithmetics). `--models v2-bf16` runs only those.
+
+Recipes for local_v2.yaml (RECIPES: v2-3ep, v2-6ep, ...) are arms of the same runs, reported
+against answering nothing and against the shipped 3-epoch recipe:
+    python3 -m bench.squad2 run --models v2-3ep,v2-6ep --json bench/results/squad2-recipes-amx.json
+
+One idea: the SQuAD 2.0 study of the embedded default -- every arm is trained, answered on the
+two held-out articles and scored by the same functions here, so its tables stay comparable.
 """
 
 from __future__ import annotations

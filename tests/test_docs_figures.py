@@ -180,6 +180,28 @@ def squad2_tuned_gain() -> str:
     return f"adds {gain['mean']:+.2f} F1 [{gain['lo']:+.2f}, {gain['hi']:+.2f}] over threshold 0"
 
 
+def squad2_recipes_table() -> str:
+    """docs/squad2.md's recipe arms against answering nothing: bench.squad2's report, whole."""
+    from bench import squad2
+
+    return squad2.recipes_report(results("squad2-recipes-amx.json")["rows"]).split("\n\n", 1)[1]
+
+
+def squad2_recipes_summary() -> str:
+    """docs/results.md's line for the same study: the two five-seed arms at the Sky-tuned threshold."""
+    from bench import squad2
+
+    rows = results("squad2-recipes-amx.json")["rows"]
+    cells = []
+    for arm in ("v2-3ep", "v2-6ep"):
+        f1 = squad2.column(rows, arm, ("at_tuned", "f1"))
+        mean, std = study.mean_std(list(f1.values()))
+        cells.append(f"{arm} {mean:.2f} ± {std:.2f} (n = {len(f1)})")
+    return (
+        f"F1 at the Sky-tuned threshold {cells[0]}, {cells[1]}; answering nothing {squad2.abstain_f1():.2f}"
+    )
+
+
 def squad2_overhead() -> str:
     o = results("squad2-cpu.json")["overhead"]
     ms = {k: f"{v * 1000:.1f} ms" for k, v in o["postprocess_s"].items()}
@@ -214,6 +236,8 @@ FIGURES = [
     Figure("docs/squad2.md", "the v2 / v1.1-style study table", squad2_study_table),
     Figure("docs/squad2.md", "what the Sky-tuned threshold adds", squad2_tuned_gain),
     Figure("docs/squad2.md", "the cost of the v2 validation's extra work", squad2_overhead),
+    Figure("docs/squad2.md", "the recipes for local_v2.yaml against answering nothing", squad2_recipes_table),
+    Figure("docs/results.md", "the five-seed recipe arms for local_v2.yaml", squad2_recipes_summary),
 ]
 
 

@@ -1,2 +1,2 @@
 """The trial in Determined, what model_def.py uses: model_io, optimization, dropout_masks,
-perf_metrics, evaluation, callbacks."""
+span_loss, perf_metrics, evaluation, callbacks."""
