@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.project import ROOT
+from tests.support.project import ROOT, run_identity
 
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SETUP = ("python3 -m venv", ".venv/bin/pip install", "pip install", ". .venv/bin/activate")
@@ -65,18 +65,6 @@ def recorded(checkpoint: Path) -> dict:
 
 def squad_version(checkpoint: Path) -> str:
     return json.loads((checkpoint / "hf" / "qa_settings.json").read_text())["squad_version"]
-
-
-def run_identity(args: list[str]) -> dict:
-    """What a train.py command line's checkpoints record of their run (experiment.json)."""
-    import train
-    from extractive_qa.config import experiment, run_plan
-    from extractive_qa.launch.identity import run_identity
-
-    parsed = train.parse_args(args)
-    source = experiment.from_command_line(parsed, 1)
-    plan = run_plan.run_plan(source.exp_conf, source.hparams, 1)
-    return json.loads(json.dumps(run_identity(plan, source.exp_conf.get("name"))))
 
 
 def how_to_run(command: str, work: Path) -> tuple[str, str] | None:

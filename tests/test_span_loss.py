@@ -104,7 +104,7 @@ def test_a_resume_names_a_changed_no_answer_weighting() -> None:
     """The weighting is part of what a checkpoint's run is: a resume with another weight is
     named as changed; the standard recipe records nothing, so older checkpoints still match."""
     from extractive_qa.launch.identity import identity_changes
-    from tests.test_readme import run_identity
+    from tests.support.project import run_identity
 
     standard = run_identity(["--config", "local_v2.yaml"])
     assert not any("no_answer" in key or "answerable_first" in key for key in standard)

@@ -131,3 +131,15 @@ def one_process_scores(checkpoint: Path | str, squad_file: Path | str, tmp: Path
     preds = tmp / "one-process-predictions.json"
     run_cli(["predict.py", "--checkpoint", str(checkpoint), "--squad", str(squad_file), "--out", str(preds)])
     return run_cli(["-m", "extractive_qa.qa.squad_metric", str(squad_file), str(preds)])
+
+
+def run_identity(args: list[str]) -> dict:
+    """What a train.py command line's checkpoints record of their run (experiment.json)."""
+    import train
+    from extractive_qa.config import experiment, run_plan
+    from extractive_qa.launch.identity import run_identity
+
+    parsed = train.parse_args(args)
+    source = experiment.from_command_line(parsed, 1)
+    plan = run_plan.run_plan(source.exp_conf, source.hparams, 1)
+    return json.loads(json.dumps(run_identity(plan, source.exp_conf.get("name"))))
