@@ -126,14 +126,12 @@ def bf16_on_amx() -> str:
 
 def ci_fresh_clone() -> str:
     """docs/development.md's CI figures, from the fresh clone's summary."""
-    text = (RESULTS / "ci-fresh-clone-amx.txt").read_text()
-    seconds = int(re.search(r"^result: rc=0 seconds=(\d+)$", text, re.M).group(1))
-    (main, compat) = re.findall(r"^(\d+) passed, (\d+) skipped.* in ([\d.]+)s", text, re.M)
-    venv = re.search(r"venv ready in (\d+) s", text).group(1)
+    ci = ci_summary()
+    seconds, main, compat = ci["seconds"], ci["main"], ci["compat"]
     return (
         f"**{seconds:,} s ({seconds / 60:.1f} min)**, exit 0: the main suite {main[0]} passed, "
         f"{main[1]} skipped in {float(main[2]):.0f} s; `.ci/compat`'s venv built in "
-        f"{venv} s beside the main install; its tests "
+        f"{ci['venv']} s beside the main install; its tests "
         f"{compat[0]} passed, {compat[1]} skipped in {float(compat[2]):.0f} s"
     )
 
@@ -213,6 +211,125 @@ def squad2_overhead() -> str:
     )
 
 
+def squad2_headline() -> str:
+    """The README's SQuAD 2.0 row: what v2 training and the Sky-tuned threshold add at threshold 0."""
+    from bench import squad2
+
+    rows = results("squad2-cpu.json")["rows"]
+    seeds = squad2.shared_seeds(rows, "v2", "v1.1-style")
+    v2, v1 = (squad2.column(rows, m, ("at_zero", "f1"), seeds) for m in ("v2", "v1.1-style"))
+    tuned = squad2.column(rows, "v2", ("at_tuned", "f1"), seeds)
+    trained, threshold = study.paired(v2, v1), study.paired(tuned, v2)
+    return (
+        f"v2 training {trained['mean']:+.1f} F1 over the same model without unanswerable questions; "
+        f"a threshold tuned on another article {threshold['mean']:+.1f} more"
+    )
+
+
+LR_RULES = ("none", "sqrt", "linear")
+
+
+def lr_scaling_cells() -> dict[tuple[int, str], dict[str, Any]]:
+    """AdamW at 2x / 4x / 8x samples per step under each rule, against 1x (bench.lr_scaling's cells)."""
+    from bench import lr_scaling
+
+    rows = results("lr-scaling-cpu.json")["rows"]
+    ref = lr_scaling.reference_lr(rows, (42, 43, 44))
+    one = lr_scaling.cell("adamw", 1, "none", ref)
+    out = {}
+    for k in (2, 4, 8):
+        for rule in LR_RULES:
+            c = lr_scaling.cell("adamw", k, rule, ref)
+            (batches,) = {r["steps_completed"] for r in rows if all(r.get(f) == v for f, v in c.items())}
+            out[k, rule] = {**study.summary(rows, c, one), "optimizer_steps": batches // k}
+    return out
+
+
+def lr_scaling_table() -> str:
+    """docs/scaling.md's table: mean F1 ± std and the paired difference to 1x, per rule and scale."""
+    cells, lines = lr_scaling_cells(), []
+    for k in (2, 4, 8):
+        shown = []
+        for rule in LR_RULES:
+            s = cells[k, rule]
+            text = f"{s['f1_mean']:.2f} ± {s['f1_std']:.2f}, {study.fmt_diff(s['diff'])}"
+            shown.append(f"**{text}**" if rule == "sqrt" else text)
+        steps = cells[k, "sqrt"]["optimizer_steps"]
+        lines.append(f"| {k}x ({4 * k}, {steps}) | " + " | ".join(shown) + " |")
+    return "\n".join(lines)
+
+
+def lr_scaling_headline() -> str:
+    cells = lr_scaling_cells()
+    two, four, eight = (cells[k, "sqrt"] for k in (2, 4, 8))
+    assert abs(two["diff"]["mean"]) < 0.25  # "within 0.2"
+    return (
+        f"square root: F1 within {abs(two['diff']['mean']):.1f} at 2x, {four['diff']['mean']:.1f} at 4x, "
+        f"{eight['diff']['mean']:.1f} at 8x, where the run falls to {eight['optimizer_steps']} "
+        "optimizer steps"
+    )
+
+
+def harness_overhead() -> str:
+    cpu = results("throughput-cpu.json")["harness_overhead"]
+    h100 = results("throughput-h100-bf16-b16.json")["harness_overhead"]
+    return f"trial through Determined vs the bare loop: {cpu:.3f} (CPU), {h100:.2f} (H100)"
+
+
+def serving_runtimes() -> str:
+    """The README's serving row, from the runtimes' questions/s against PyTorch fp32's (calls of 32
+    and one question per call) and the int8 model's F1 against PyTorch's on the trained MiniLM."""
+    found = {(r["model"], r["runtime"]): r for r in results("inference-runtimes-cpu.json")["runtimes"]}
+
+    def speed(model: str, runtime: str) -> list[float]:
+        rate = {name: found[model, name] for name in (runtime, "torch-fp32")}
+        return [rate[runtime][c]["questions_per_s"] / rate["torch-fp32"][c]["questions_per_s"]
+                for c in ("batched", "single")]  # fmt: skip
+
+    mini, base = "checkpoint", "bert-base (random)"
+    fp32 = speed(mini, "onnx") + speed(base, "onnx")
+    int8, int8_base = speed(mini, "onnx-int8"), speed(base, "onnx-int8")
+    f1 = found[mini, "onnx-int8"]["f1"] - found[mini, "torch-fp32"]["f1"]
+    return (
+        f"fp32 ONNX answers as PyTorch does, at {min(fp32):.2f}-{max(fp32):.2f}x its speed; int8: "
+        f"{min(int8):.2f}-{max(int8):.2f}x on MiniLM at {f1:.1f} F1 (one trained checkpoint, not a seed "
+        f"study), {min(int8_base):.1f}-{max(int8_base):.1f}x on BERT-base"
+    )
+
+
+def two_machines() -> str:
+    runs = {
+        r["name"]: r
+        for r in json.loads((ROOT / "docs" / "multi-machine" / "report.json").read_text())["runs"]
+    }
+    efficiency = runs["2x1 10gbit agg1"]["efficiency"]
+    gain = runs["2x1 100mbit agg4"]["samples_per_s"] / runs["2x1 100mbit agg1"]["samples_per_s"]
+    return f"per-slot efficiency {efficiency:.2f} at 10 Gbit/s; aggregation 4 gives {gain:.1f}x at 100 Mbit/s"
+
+
+def ci_summary() -> dict[str, Any]:
+    text = (RESULTS / "ci-fresh-clone-amx.txt").read_text()
+    (main, compat) = re.findall(r"^(\d+) passed, (\d+) skipped.* in ([\d.]+)s", text, re.M)
+    files = dict(
+        (name, float(s))
+        for s, name in re.findall(r"^ +([\d.]+)  tests/(\S+)$", text.split("\n== .ci/compat")[0], re.M)
+    )
+    return {
+        "seconds": int(re.search(r"^result: rc=0 seconds=(\d+)$", text, re.M).group(1)),
+        "main": main, "compat": compat, "files": files,
+        "venv": re.search(r"venv ready in (\d+) s", text).group(1),
+    }  # fmt: skip
+
+
+def readme_ci() -> str:
+    ci = ci_summary()
+    return (
+        f"about {float(ci['main'][2]) / 60:.0f} minutes of tests on 2 cores after the installs; "
+        f"`bash .ci/run`, which adds the cluster image's stack, took {ci['seconds'] / 60:.1f} minutes "
+        "from a fresh clone"
+    )
+
+
 @dataclass(frozen=True)
 class Figure:
     document: str
@@ -238,7 +355,23 @@ FIGURES = [
     Figure("docs/squad2.md", "the cost of the v2 validation's extra work", squad2_overhead),
     Figure("docs/squad2.md", "the recipes for local_v2.yaml against answering nothing", squad2_recipes_table),
     Figure("docs/results.md", "the five-seed recipe arms for local_v2.yaml", squad2_recipes_summary),
+    Figure("README.md", "what v2 training and a tuned threshold add", squad2_headline),
+    Figure("README.md", "the learning-rate rule against scale", lr_scaling_headline),
+    Figure("docs/scaling.md", "the learning-rate rules' table", lr_scaling_table),
+    Figure("README.md", "the harness overhead", harness_overhead),
+    Figure("README.md", "ONNX Runtime against PyTorch on the CPU", serving_runtimes),
+    Figure("README.md", "two machines over a shaped link", two_machines),
+    Figure("README.md", "the test command's and CI's time", readme_ci),
 ]
+
+
+def test_development_md_lists_each_test_files_seconds_from_the_fresh_clone() -> None:
+    """docs/development.md's table of where CI's time goes: each file's seconds as the fresh
+    clone's summary has them (rounded), every file over 15 s listed."""
+    files = ci_summary()["files"]
+    section = (ROOT / "docs" / "development.md").read_text().split("### Where CI's time goes")[1]
+    listed = dict(re.findall(r"^\| (test_\w+\.py) \| (\d+) \|", section, re.M))
+    assert listed == {name: f"{seconds:.0f}" for name, seconds in files.items() if seconds >= 15}
 
 
 @pytest.mark.parametrize("figure", FIGURES, ids=[f.what for f in FIGURES])
