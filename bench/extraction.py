@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench.common import provenance
 from extractive_qa.qa.answers import extract_answers
 from tests.support.reference_extraction import loop_extract, setup, standard_postprocess, trained_shaped
 
@@ -60,6 +62,7 @@ def main() -> None:
             f"{r['speedup']}x; identical to the reference loop: {r['identical_to_reference_loop']}; "
             f"same answer as the standard: {agree:.2%}"
         )
+    result.update(provenance("bench.extraction", sys.argv[1:]))
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
     print(json.dumps(result))

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
+import sys
 import time
 from pathlib import Path
 
+from bench.common import provenance
 from extractive_qa.config.model_family import EMBEDDED_MODEL
 from extractive_qa.config.settings import WindowSpec
 from extractive_qa.data import squad_files
@@ -61,7 +62,7 @@ def main() -> None:
         "speedup": round(t_standard / t_ours, 2),
         "identical_features": not differ,
         "differing_arrays": differ,
-        "machine": f"{platform.node()} {platform.processor() or platform.machine()}",
+        **provenance("bench.features", sys.argv[1:]),
     }
     print(f"{'path':<28}{'examples/s':>12}")
     print(f"{'standard recipe':<28}{result['standard_examples_per_s']:>12}")
