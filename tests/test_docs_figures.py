@@ -330,6 +330,44 @@ def readme_ci() -> str:
     )
 
 
+def time_ratios(name: str) -> list[float]:
+    """A precision study's bf16 / fp32 training time, seed by seed."""
+    rows = results(name)["rows"]
+    return [row(name, seed=r["seed"], precision="bf16")["train_seconds"] / r["train_seconds"]
+            for r in rows if r["precision"] == "fp32"]  # fmt: skip
+
+
+def precision_times(name: str) -> str:
+    """docs/results.md's training-time row of a precision study with torch's masks."""
+    rows = results(name)["rows"]
+    seconds = {p: study.mean_std([r["train_seconds"] for r in rows if r["precision"] == p])[0]
+               for p in ("fp32", "bf16")}  # fmt: skip
+    ratios = time_ratios(name)
+    mean, std = study.mean_std(ratios)
+    return (
+        f"fp32 {seconds['fp32']:.1f} s, bf16 {seconds['bf16']:.1f} s (means); bf16 / fp32 per seed "
+        f"{', '.join(f'{r:.3f}' for r in ratios)}: **{mean:.3f} ± {std:.3f}**"
+    )
+
+
+def bf16_cpu_row() -> str:
+    """The README's "bf16 on the CPU" row: end-to-end time ratios, the fast masks' step and the fast
+    path's ladder on the AVX512-BF16 (EPYC) and AMX CPUs."""
+    fast, epyc, amx = (study.mean_std(time_ratios(n))[0] for n in (AMX_FAST, "cpu-precision.json",
+                                                                   "cpu-precision-amx.json"))  # fmt: skip
+    step = results("cpu-levers-intel.json")["levers"]["rows"]["fp32 + fast dropout masks"]["vs_fp32"]
+    ladder = {n: results(f"throughput-cpu-{n}.json") for n in ("bf16", "amx")}
+    keys = ("dynamic_padding_speedup", "speedup_over_standard_bf16")
+    fp32_x, bf16_x = ({n: ladder[n][k] for n in ladder} for k in keys)
+    return (
+        f"training time {fast:.2f}x fp32's end to end on AMX with the fast masks (the shipped default); "
+        f"with torch's masks {epyc:.2f}x (AVX512-BF16), {amx:.2f}x (AMX); the fast masks {step:.2f}x per "
+        f"fp32 step; the fast path {fp32_x['bf16']:.1f}x the standard recipe in fp32 and "
+        f"{bf16_x['bf16']:.1f}x with its bf16 switch on AVX512-BF16, {fp32_x['amx']:.1f}x / "
+        f"{bf16_x['amx']:.1f}x on AMX (torch's masks)"
+    )
+
+
 @dataclass(frozen=True)
 class Figure:
     document: str
@@ -362,6 +400,17 @@ FIGURES = [
     Figure("README.md", "ONNX Runtime against PyTorch on the CPU", serving_runtimes),
     Figure("README.md", "two machines over a shaped link", two_machines),
     Figure("README.md", "the test command's and CI's time", readme_ci),
+    Figure("README.md", "bf16 on the CPU, end to end and per step", bf16_cpu_row),
+    Figure(
+        "docs/results.md",
+        "bf16's training time on the AMD EPYC",
+        lambda: precision_times("cpu-precision.json"),
+    ),
+    Figure(
+        "docs/results.md",
+        "bf16's training time on the AMX Xeon",
+        lambda: precision_times("cpu-precision-amx.json"),
+    ),
 ]
 
 
