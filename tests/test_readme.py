@@ -186,3 +186,22 @@ def test_every_command_runs_as_typed_in_a_fresh_copy(workspace: Path) -> None:
                 assert done.stdout.splitlines()[0].split()[:3] == ["setting", "default", config]
     assert not failures, "\n\n".join(failures)
     assert len(ran) >= 20, ran
+    assert_checkpoint_size_as_quoted(checkpoints(workspace)[0][2])
+
+
+def assert_checkpoint_size_as_quoted(checkpoint: Path) -> None:
+    """The README's checkpoint sizes, against the first command's checkpoint (MiniLM, AdamW)."""
+    quoted = re.search(
+        r"A MiniLM checkpoint takes (\d+) MB \((\d+) MB of weights and AdamW's two moments, (\d+) MB of "
+        r"`hf/`\): each of its ([\d.]+) M parameters",
+        " ".join((ROOT / "README.md").read_text().split()),
+    )
+    assert quoted, "README.md no longer states the checkpoint's size"
+
+    def megabytes(*paths: Path) -> int:
+        return round(sum(f.stat().st_size for p in paths for f in [p, *p.rglob("*")] if f.is_file()) / 1e6)
+
+    sizes = (megabytes(checkpoint), megabytes(checkpoint / "state_dict.pth"), megabytes(checkpoint / "hf"))
+    assert sizes == tuple(int(n) for n in quoted.groups()[:3]), sizes
+    weights = (checkpoint / "hf" / "model.safetensors").stat().st_size
+    assert round(weights / 4 / 1e6, 1) == float(quoted.group(4))  # fp32: 4 bytes a parameter
