@@ -110,9 +110,11 @@ def gpu_rungs() -> str:
     h100 = seq_per_s("throughput-h100-bf16-b12.json", "+ TF32 matmuls")
     h200 = "throughput-h200-bf16-b64-compile.json"
     bf16, tf32 = seq_per_s(h200, "+ bf16 autocast"), seq_per_s(h200, "+ TF32 matmuls")
+    (compiled,) = [r for r in results(h200)["rows"] if r["name"].startswith("+ torch.compile")]
     return (
         f"BERT-base {h100:.0f} seq/s at 12 per GPU (fp32+TF32) on the H100; at 64 per GPU on the "
-        f"H200, {bf16:,.0f} (bf16) vs {tf32:,.0f} (fp32+TF32)"
+        f"H200, {bf16:,.0f} (bf16) vs {tf32:,.0f} (fp32+TF32); torch.compile costs "
+        f"~{compiled['first_step_per_width_s']:.0f} s per width there"
     )
 
 
