@@ -384,6 +384,26 @@ def cache_check_readme() -> str:
     return f"checked on every open ({results('cache-check-cpu.json')['warm_check_s']:.2f} s for a full"
 
 
+def multi_machine_table() -> str:
+    """docs/scaling.md's two-machine table: each shaped link and aggregation as report.json has it."""
+    runs = {
+        r["name"]: r
+        for r in json.loads((ROOT / "docs" / "multi-machine" / "report.json").read_text())["runs"]
+    }
+    links = [("10gbit", "10 Gbit/s"), ("1gbit", "1 Gbit/s"), ("100mbit", "100 Mbit/s"),
+             ("100mbit fp16", "100 Mbit/s, fp16 compression")]  # fmt: skip
+    lines = []
+    for name, shown in links:
+        for k in (1, 2, 4):
+            link, _, compression = name.partition(" ")
+            r = runs[f"2x1 {link} agg{k}" + (f" {compression}" if compression else "")]
+            lines.append(
+                f"| {shown} | {k} | {r['samples_per_s']:.2f} | {r['speedup']:.2f} | {r['efficiency']:.2f} "
+                f"| {r['model_samples_per_s']:.2f} | {r['measured_over_model']:.2f} |"
+            )
+    return "\n".join(lines)
+
+
 @dataclass(frozen=True)
 class Figure:
     document: str
@@ -429,6 +449,7 @@ FIGURES = [
     ),
     Figure("docs/results.md", "checking a feature-cache entry", cache_check),
     Figure("README.md", "checking a feature-cache entry", cache_check_readme),
+    Figure("docs/scaling.md", "two machines over shaped links, every run", multi_machine_table),
 ]
 
 
