@@ -404,6 +404,30 @@ def multi_machine_table() -> str:
     return "\n".join(lines)
 
 
+def h100_ladder() -> str:
+    """docs/gpu.md's H100 ladder by per-GPU batch: seq/s per rung (the best bold), best / standard."""
+    ladders = {}
+    for b in (12, 16, 32):
+        ladders[b] = {
+            r["name"]: r["sequences_per_s"] for r in results(f"throughput-h100-bf16-b{b}.json")["rows"]
+        }
+    standard = "standard recipe (pad to max, eager, AdamW, fp32)"
+    rungs = [(standard.replace("to max", "to 384"), standard)]
+    rungs += [(n, n) for n in ("+ length-grouped dynamic padding", "+ SDPA attention", "+ fused AdamW",
+                               "+ TF32 matmuls", "+ bf16 autocast")]  # fmt: skip
+    best = {b: max(ladder[n] for _, n in rungs) for b, ladder in ladders.items()}
+    lines = []
+    for shown, name in rungs:
+        cells = [
+            f"**{v:.0f}**" if v == best[b] else f"{v:.0f}"
+            for b, v in ((b, ladders[b][name]) for b in ladders)
+        ]
+        lines.append(f"| {shown} | " + " | ".join(cells) + " |")
+    ratios = [f"{best[b] / ladders[b][rungs[0][1]]:.1f}x" for b in ladders]
+    lines.append("| best / standard recipe | " + " | ".join(ratios) + " |")
+    return "\n".join(lines)
+
+
 @dataclass(frozen=True)
 class Figure:
     document: str
@@ -450,6 +474,7 @@ FIGURES = [
     Figure("docs/results.md", "checking a feature-cache entry", cache_check),
     Figure("README.md", "checking a feature-cache entry", cache_check_readme),
     Figure("docs/scaling.md", "two machines over shaped links, every run", multi_machine_table),
+    Figure("docs/gpu.md", "the H100 ladder by per-GPU batch", h100_ladder),
 ]
 
 
