@@ -428,6 +428,29 @@ def h100_ladder() -> str:
     return "\n".join(lines)
 
 
+def batching_table() -> str:
+    """docs/batching.md's study table: bench.batching's report figures for the four trained arms."""
+    from bench import batching
+
+    data = results("batching.json")
+    rows, stats, speed = data["rows"], data["stats"]["arms"], data["speed"]["x86_64 CPU"]["arms"]
+    shown = {"padded": "padded (the standard recipe)", "random/8": "random /8",
+             "sorted/8": "**sorted /8 (the default)**", "buckets/64": "buckets /64"}  # fmt: skip
+    lines = []
+    for arm, label in shown.items():
+        s = study.summary(
+            rows, batching.cell(arm), None if arm == batching.BASELINE else batching.cell(batching.BASELINE)
+        )
+        diff, ratio = study.fmt_diff(s["diff"]) if s["diff"] else "--", f"{speed[arm]['vs_padded']:.2f}x"
+        if arm == "sorted/8":
+            diff, ratio = f"**{diff}**", f"**{ratio}**"
+        lines.append(
+            f"| {label} | {study.fmt_summary(s)} | {diff} | {100 * stats[arm]['padding_share']:.1f} % | "
+            f"{100 * stats[arm]['repeat_share']:.1f} % | {speed[arm]['samples_per_s']:.1f} ({ratio}) |"
+        )
+    return "\n".join(lines)
+
+
 @dataclass(frozen=True)
 class Figure:
     document: str
@@ -475,6 +498,7 @@ FIGURES = [
     Figure("README.md", "checking a feature-cache entry", cache_check_readme),
     Figure("docs/scaling.md", "two machines over shaped links, every run", multi_machine_table),
     Figure("docs/gpu.md", "the H100 ladder by per-GPU batch", h100_ladder),
+    Figure("docs/batching.md", "the batching study's table", batching_table),
 ]
 
 
