@@ -59,6 +59,7 @@ recipes (from the project directory, with the venv active: . .venv/bin/activate)
                                                     the plan (steps, warm-up, lr) without training
   python3 train.py --settings --config const.yaml   every setting: default, the config's value
   python3 train.py --resume auto                    continue this run's newest checkpoint, or start
+  python3 train.py --checkpoints                    which run wrote each checkpoint, its EM/F1, size
   torchrun --nproc_per_node=2 train.py --resume auto
                                                     2 processes; rerun the same line after a stop
 
@@ -111,6 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="list every hyperparameters.* and data.* setting: its default, the value --config "
         "gives it (after --set) and its meaning; then exit",
+    )
+    parser.add_argument(
+        "--checkpoints", action="store_true", help="list --checkpoint-dir's checkpoints; exit"
     )
     parser.add_argument(
         "--metrics-out",
@@ -221,6 +225,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         except BrokenPipeError:  # `| head`: the reader has what it wanted
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    if args.checkpoints:
+        from extractive_qa.launch.checkpoint_list import checkpoint_table
+
+        print("\n".join(checkpoint_table(args.checkpoint_dir, Path.cwd())))  # before any chdir
         return 0
     import determined
 

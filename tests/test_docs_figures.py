@@ -1,6 +1,9 @@
 """The figures README.md and docs/ quote, each computed here from the results file it comes from:
 change a number in a file under bench/results/ (or the sentence quoting it) and this test names
-the figure that no longer agrees. A new headline figure gets its row in FIGURES."""
+the figure that no longer agrees. A new headline figure gets its row in FIGURES.
+
+One idea: each quoted figure beside the arithmetic that makes it from its file, in one registry
+(FIGURES), so that a figure and its proof are read together."""
 
 from __future__ import annotations
 

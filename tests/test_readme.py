@@ -96,7 +96,7 @@ def how_to_run(command: str, work: Path) -> tuple[str, str] | None:
     trains = (
         script is not None
         and words[script] in ("train.py", "scaling.py")
-        and not any(flag in words for flag in ("--dry-run", "--settings", "--help"))
+        and not any(flag in words for flag in ("--dry-run", "--settings", "--help", "--checkpoints"))
     )
     if trains:
         steps = max([steps for steps, _, _ in checkpoints(work)], default=0) if "--resume" in words else 0
