@@ -452,6 +452,28 @@ def batching_table() -> str:
     return "\n".join(lines)
 
 
+def features_and_extraction() -> tuple[str, str, str]:
+    """docs/results.md's two data rows and the README's summary of them."""
+    f, e = results("features-amx.json"), results("extraction-amx.json")
+    assert f["identical_features"] and all(
+        e[k]["identical_to_reference_loop"] for k in ("random", "trained_shaped")
+    )
+    features = (
+        f"{f['standard_examples_per_s']:,.0f} examples/s, ours {f['ours_examples_per_s']:,.0f}: "
+        f"**{f['speedup']:.2f}x**, identical features"
+    )
+    r, t = e["random"], e["trained_shaped"]
+    extraction = (
+        f"random logits **{r['speedup']:.1f}x** ({r['standard_s']:.3f} s vs {r['vectorised_s']:.3f} s), "
+        f"logits shaped like a trained model's **{t['speedup']:.1f}x** ({t['standard_s']:.3f} s vs "
+        f"{t['vectorised_s']:.3f} s); answers identical to the per-pair reference loop; the same answer as "
+        f"the examples' post-processing for {100 * r['agreement_with_standard']:.2f} % (random) and "
+        f"{100 * t['agreement_with_standard']:.2f} % (trained-shaped) of the questions"
+    )
+    readme = f"{f['speedup']:.1f}x / {r['speedup']:.1f}-{t['speedup']:.1f}x the transformers QA examples"
+    return features, extraction, readme
+
+
 @dataclass(frozen=True)
 class Figure:
     document: str
@@ -500,6 +522,9 @@ FIGURES = [
     Figure("docs/scaling.md", "two machines over shaped links, every run", multi_machine_table),
     Figure("docs/gpu.md", "the H100 ladder by per-GPU batch", h100_ladder),
     Figure("docs/batching.md", "the batching study's table", batching_table),
+    Figure("docs/results.md", "feature preparation's speed", lambda: features_and_extraction()[0]),
+    Figure("docs/results.md", "answer extraction's speed", lambda: features_and_extraction()[1]),
+    Figure("README.md", "feature preparation and extraction", lambda: features_and_extraction()[2]),
 ]
 
 
