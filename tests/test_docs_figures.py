@@ -335,6 +335,16 @@ def ci_summary() -> dict[str, Any]:
     }  # fmt: skip
 
 
+def results_ci_row() -> str:
+    ci = ci_summary()
+    main, compat = ci["main"], ci["compat"]
+    return (
+        f"**{main[0]} passed, {main[1]} skipped** in {float(main[2]):.0f} s; `.ci/compat` (Python 3.10.13, "
+        f"torch 2.3.1, NumPy 1.26.4, transformers 4.57.6), the `cluster_stack` tests, **{compat[0]} passed, "
+        f"{compat[1]} skipped** in {float(compat[2]):.0f} s; {ci['seconds'] / 60:.1f} min in all, exit 0"
+    )
+
+
 def readme_ci() -> str:
     ci = ci_summary()
     return (
@@ -537,6 +547,7 @@ FIGURES = [
     Figure("docs/results.md", "answer extraction's speed", lambda: features_and_extraction()[1]),
     Figure("README.md", "feature preparation and extraction", lambda: features_and_extraction()[2]),
     Figure("docs/results.md", "the first command from a cold pip cache", first_command_cold),
+    Figure("docs/results.md", "a fresh clone's CI", results_ci_row),
 ]
 
 
