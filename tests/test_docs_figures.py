@@ -345,6 +345,23 @@ def results_ci_row() -> str:
     )
 
 
+def embedded_default_size() -> str:
+    """The README's "why not 88": the embedded model's parameters and the bundled training questions."""
+    import torch
+    from transformers import AutoConfig, AutoModelForQuestionAnswering
+
+    from extractive_qa.config.model_family import EMBEDDED_MODEL, resolve_pretrained
+
+    with torch.device("meta"):  # the shapes only: no weights read
+        model = AutoModelForQuestionAnswering.from_config(
+            AutoConfig.from_pretrained(resolve_pretrained(EMBEDDED_MODEL))
+        )
+    parameters = sum(p.numel() for p in model.parameters())
+    train = json.loads((ROOT / "squad_data" / "local-train-v1.1.json").read_text())["data"]
+    questions = sum(len(p["qas"]) for a in train for p in a["paragraphs"])
+    return f"a {parameters / 1e6:.1f} M-parameter MiniLM on {questions} questions"
+
+
 def readme_ci() -> str:
     ci = ci_summary()
     return (
@@ -548,6 +565,7 @@ FIGURES = [
     Figure("README.md", "feature preparation and extraction", lambda: features_and_extraction()[2]),
     Figure("docs/results.md", "the first command from a cold pip cache", first_command_cold),
     Figure("docs/results.md", "a fresh clone's CI", results_ci_row),
+    Figure("README.md", "the embedded default's size", embedded_default_size),
 ]
 
 
