@@ -6,14 +6,13 @@ experiment.json); nothing in it is loaded or run."""
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 import time
 from pathlib import Path
 from typing import Any
 
-from extractive_qa.launch.identity import json_record
+from extractive_qa.launch.identity import json_record, steps_completed
 
 COLUMNS = ("written", "checkpoint", "run", "SQuAD", "model", "training file", "batches", "EM / F1", "size")
 
@@ -39,10 +38,7 @@ def size_on_disk(folder: Path) -> int:
 
 def checkpoint_row(folder: Path, shown: Path) -> dict[str, str]:
     """One checkpoint's line: what its records say, '?' for what they do not."""
-    try:
-        steps = int(json.loads((folder / "metadata.json").read_text())["steps_completed"])
-    except (OSError, ValueError, KeyError, TypeError):
-        steps = None
+    steps = steps_completed(folder)
     record = json_record(folder)
     identity = record.get("identity") if isinstance(record.get("identity"), dict) else {}
     length = record.get("train_length") if isinstance(record.get("train_length"), dict) else {}

@@ -62,6 +62,14 @@ def json_record(checkpoint: Path) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+def steps_completed(checkpoint: Path) -> int | None:
+    """The batches a checkpoint's metadata.json says it trained; None where it is damaged or partial."""
+    try:
+        return int(json.loads((checkpoint / "metadata.json").read_text())["steps_completed"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def checkpoint_record(checkpoint: Path, key: str) -> dict[str, Any] | None:
     """What a checkpoint recorded of its run (experiment.json): its `identity`
     (run_plan.run_identity) or `train_length`; None without a record."""

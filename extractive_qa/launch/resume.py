@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import logging
 import os
 import shutil
@@ -20,7 +19,12 @@ from typing import Any
 
 from extractive_qa.errors import ConfigError
 from extractive_qa.launch.checkpoint_rewrite import REQUIRED, ExpectedState, rewrite
-from extractive_qa.launch.identity import checkpoint_identity, finished_result, identity_changes
+from extractive_qa.launch.identity import (
+    checkpoint_identity,
+    finished_result,
+    identity_changes,
+    steps_completed,
+)
 
 logger = logging.getLogger("squad")
 
@@ -180,9 +184,8 @@ def latest_checkpoint(storage: Path, identity: dict[str, Any], flag: str) -> Pat
     for path in storage.glob("*/metadata.json") if storage.is_dir() else []:
         if path.parent.name.startswith("."):
             continue  # a running resume's private copy (private_copy), not a checkpoint
-        try:
-            steps = int(json.loads(path.read_text())["steps_completed"])
-        except (OSError, ValueError, KeyError, TypeError):
+        steps = steps_completed(path.parent)
+        if steps is None:
             continue  # damaged or partial: never the one to resume from
         saved = checkpoint_identity(path.parent)
         if saved is None or identity_changes(saved, identity):
