@@ -219,6 +219,19 @@ def squad2_recipes_summary() -> str:
     return f"F1 at the Sky-tuned threshold {', '.join(cells)}; answering nothing {squad2.abstain_f1():.2f}"
 
 
+def squad2_recipe_time_ranges() -> str:
+    """docs/squad2.md's per-seed training-time ratios of the six-epoch arms to the shipped recipe."""
+    rows = results("squad2-recipes-amx.json")["rows"]
+    seconds = {(r["model"], r["seed"]): r["train_seconds"] for r in rows}
+
+    def span(arm: str) -> str:
+        ratios = [seconds[arm, seed] / seconds["v2-3ep", seed] for model, seed in seconds if model == arm]
+        return f"{min(ratios):.2f}-{max(ratios):.2f}x"
+
+    half = span("v2-6ep-null-half")
+    return f"(6 epochs: {span('v2-6ep')} per seed, with half-weight no-answer windows {half}:"
+
+
 def squad2_overhead() -> str:
     o = results("squad2-cpu.json")["overhead"]
     ms = {k: f"{v * 1000:.1f} ms" for k, v in o["postprocess_s"].items()}
@@ -583,6 +596,7 @@ FIGURES = [
     Figure("docs/results.md", "a fresh clone's CI", results_ci_row),
     Figure("README.md", "the embedded default's size", embedded_default_size),
     Figure("docs/cluster.md", "why the GPU YAMLs train in fp32+TF32", cluster_precision),
+    Figure("docs/squad2.md", "the six-epoch arms' time per seed", squad2_recipe_time_ranges),
 ]
 
 
