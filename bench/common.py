@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import yaml
 
@@ -53,6 +54,16 @@ class Rung:
     compile: str = ""  # torch.compile mode ("default", "reduce-overhead": CUDA graphs); "": eager
     tf32: bool = False  # CUDA only: the trial's default (hyperparameters.tf32)
     masks: str = "fast"  # CPU dropout masks (hyperparameters.dropout_masks); "torch": bernoulli_
+    graphs: bool = False  # CUDA only: forward + backward captured as one CUDA graph per input shape
+
+
+def window_sample(windows: int, need: int, seed: int = SEED) -> np.ndarray:
+    """`need` window indices drawn at random from `windows`; past the file's size it cycles through
+    fresh permutations (large batches of a small file: throughput does not depend on which
+    windows repeat, and none repeats before every one has been drawn)."""
+    rng = np.random.default_rng(seed)
+    rounds = -(-need // windows)
+    return np.concatenate([rng.permutation(windows) for _ in range(rounds)])[:need]
 
 
 def model_dir(kind: str, tmp: Path, tokenizer: Any) -> str:
@@ -103,6 +114,8 @@ class Loop:
         self.scaler = torch.amp.GradScaler("cuda") if rung.precision == "fp16" else None
         self.forward = torch.compile(self.model, mode=rung.compile) if rung.compile else self.model
         self.device, self.max_norm = device, hp.max_grad_norm
+        self.graphs = rung.graphs
+        self.graphed: dict[tuple, torch.nn.Module] = {}
 
     def step(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         # The labelled ranges are what bench.cpu_step's profile groups time by.
@@ -110,9 +123,12 @@ class Loop:
         inputs = {
             k: v.to(self.device, non_blocking=True) for k, v in model_inputs(batch, self.accepted).items()
         }
-        masks = dropout_masks.masks(self.masks, self.device.type, bool(self.compiled))
-        with record("forward"), masks, arithmetic.autocast(self.device.type, self.precision):
-            loss = self.forward(**inputs).loss
+        if self.graphs:
+            loss = self.graphed_loss(inputs)
+        else:
+            masks = dropout_masks.masks(self.masks, self.device.type, bool(self.compiled))
+            with record("forward"), masks, arithmetic.autocast(self.device.type, self.precision):
+                loss = self.forward(**inputs).loss
         with record("backward"):
             if self.scaler:
                 self.scaler.scale(loss).backward()
@@ -129,6 +145,37 @@ class Loop:
             self.schedule.step()
             self.optimizer.zero_grad(set_to_none=True)
         return loss.detach()
+
+    def graphed_loss(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The forward pass through a CUDA graph captured for these input shapes (the first step
+        at a shape captures it: a few warm-up passes, then the capture); its backward replays the
+        matching backward graph. A step then costs one launch per graph instead of one per kernel.
+        The optimizer step stays eager (fused AdamW is a handful of launches)."""
+        names = tuple(sorted(inputs))
+        key = tuple((n, tuple(inputs[n].shape)) for n in names)
+        graphed = self.graphed.get(key)
+        if graphed is None:
+            wrapper = _LossOf(self.model, names, self.precision, self.device.type)
+            sample = tuple(inputs[n].clone() for n in names)
+            graphed = torch.cuda.make_graphed_callables(wrapper, sample, allow_unused_input=True)
+            self.graphed[key] = graphed
+        return graphed(*(inputs[n] for n in names))
+
+
+class _LossOf(torch.nn.Module):
+    """The model's loss as a function of positional tensors, what make_graphed_callables takes.
+    Autocast's weight cache must be off inside a captured graph (torch.cuda.make_graphed_callables'
+    documentation): the cache would hold casts from the capture, not the replay."""
+
+    def __init__(self, model: torch.nn.Module, names: tuple[str, ...], precision: str, device_type: str):
+        super().__init__()
+        self.model, self.names, self.device_type = model, names, device_type
+        self.dtype = arithmetic.AUTOCAST_DTYPES.get(precision)
+
+    def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
+        enabled = self.dtype is not None
+        with torch.autocast(self.device_type, dtype=self.dtype, enabled=enabled, cache_enabled=False):
+            return self.model(**dict(zip(self.names, tensors, strict=True))).loss
 
 
 def cpu_description() -> dict[str, Any]:
@@ -180,7 +227,8 @@ def provenance(module: str, argv: list[str], device: torch.device | None = None)
         done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
         return done.stdout.strip() if done.returncode == 0 else ""
 
-    commit = git("rev-parse", "HEAD") or "unknown"
+    # A copy of the tree without .git (a GPU machine's) names its commit in BENCH_COMMIT.
+    commit = git("rev-parse", "HEAD") or os.environ.get("BENCH_COMMIT", "unknown")
     if git("status", "--porcelain", "--untracked-files=no"):
         commit += "+changes"
     import numpy

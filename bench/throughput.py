@@ -44,7 +44,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from bench import flops
@@ -70,6 +69,7 @@ from bench.common import (
     sync,
     time_loop,
     trial_config,
+    window_sample,
 )
 
 # Dense (no sparsity) bf16 tensor-core peaks, TFLOP/s, from NVIDIA's data sheets.
@@ -133,6 +133,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         choices=["default", "reduce-overhead", "max-autotune-no-cudagraphs"],
         help="add a torch.compile rung per mode (no mode given: default)",
     )
+    parser.add_argument(
+        "--graphs",
+        action="store_true",
+        help="CUDA: add a rung with forward + backward captured as one CUDA graph per width (buckets)",
+    )
     parser.add_argument("--repeats", type=int, default=2, help="interleaved trial / bare-loop runs")
     parser.add_argument("--skip-trial", action="store_true", help="only the fast-path ladder")
     parser.add_argument("--json", type=Path)
@@ -140,6 +145,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.device = torch.device(args.device)
     if args.compile == []:
         args.compile = ["default"]
+    if args.graphs and args.device.type != "cuda":
+        parser.error("--graphs: CUDA graphs need --device cuda")
+    if args.graphs and args.precision == "fp16":
+        parser.error("--graphs: with bf16 or fp32 (fp16's GradScaler steps are not captured)")
     if args.device.type == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device here")
     if args.doc_stride >= args.max_seq_length:
@@ -308,12 +317,21 @@ def fast_path_rungs(args: argparse.Namespace, hp: Hyperparameters) -> list[Rung]
         rungs.append(Rung(f"+ {args.precision} autocast", B, m, "sdpa", "trial", args.precision, "", tf32, T))
     if not cuda and hp.dropout_masks == "fast":
         rungs.append(Rung("+ fast dropout masks", B, m, "sdpa", "trial", args.precision, "", tf32))
-    if args.compile:
-        # torch.compile makes a graph per padded width: width buckets of 64 tokens keep those few.
+    if args.compile or args.graphs:
+        # torch.compile and CUDA graphs make a graph per padded width: width buckets of 64 tokens
+        # keep those few.
         fast = rungs[-1]
         rungs.append(
             Rung("+ width buckets (/64), eager", "buckets", 64, "sdpa", "trial", fast.precision, "", tf32)
         )
+    if args.graphs:
+        rungs.append(
+            Rung(
+                "+ CUDA graphs (forward + backward), buckets /64", "buckets", 64, "sdpa", "trial",
+                rungs[-1].precision, "", tf32, graphs=True,
+            )
+        )  # fmt: skip
+    if args.compile:
         for mode in args.compile:
             rungs.append(
                 Rung(
@@ -322,7 +340,7 @@ def fast_path_rungs(args: argparse.Namespace, hp: Hyperparameters) -> list[Rung]
                     64,
                     "sdpa",
                     "trial",
-                    fast.precision,
+                    rungs[-1].precision,
                     mode,
                     tf32,
                 )
@@ -330,12 +348,38 @@ def fast_path_rungs(args: argparse.Namespace, hp: Hyperparameters) -> list[Rung]
     return rungs
 
 
+def measure_rung(setup: Setup, table: Table, rung: Rung, batches: list[dict[str, torch.Tensor]]) -> dict:
+    """One rung: an untimed step per input shape, then the timed batches after the warm-up."""
+    args, hp, device = setup.args, setup.hp, setup.args.device
+    loop = Loop(setup.model_path, rung, hp, len(batches), device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    # One untimed step per input shape first: what a run pays once per shape (cuBLAS/SDPA plans;
+    # torch.compile's graph, CUDA graph capture), so the timed steps are steady state. A
+    # bucket's last batch can be smaller than the rest: a shape of its own.
+    shapes = {tuple(b["input_ids"].shape): b for b in reversed(batches)}
+    started = time.perf_counter()
+    for b in shapes.values():
+        loop.step(b)
+    sync(device)
+    warm_s = time.perf_counter() - started
+    seconds, loss = time_loop(loop, batches, args.warmup)
+    extra = {
+        "last_loss": round(loss, 4),
+        "widths": len({shape[1] for shape in shapes}),
+        "first_step_per_width_s": round(warm_s, 2),
+    }
+    if device.type == "cuda":
+        extra["peak_memory_gb"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
+    del loop
+    return table.record(rung.name, seconds, batches[args.warmup :], extra)
+
+
 def ladder(setup: Setup, table: Table) -> dict[str, Any]:
     """2. The same windows (a fixed random sample) through each rung; speedup and projection."""
-    args, hp, features, device = setup.args, setup.hp, setup.features, setup.args.device
-    rng = np.random.default_rng(SEED)
-    n = min(len(features), (args.batches + args.warmup) * args.batch_size)
-    sample = rng.permutation(len(features))[:n]
+    args, hp, features = setup.args, setup.hp, setup.features
+    n = (args.batches + args.warmup) * args.batch_size
+    sample = window_sample(len(features), n)
     rungs = fast_path_rungs(args, hp)
     print(
         f"fast path ladder: the same {n} windows ({args.warmup} warm-up + {args.batches} timed batches "
@@ -352,27 +396,15 @@ def ladder(setup: Setup, table: Table) -> dict[str, Any]:
         )  # fmt: skip
         collate = Collator(features, rung.batching != "padded", rung.multiple, labels=True)
         batches = [collate(sample[ix].tolist()) for ix in sampler.batches(0)]
-        loop = Loop(setup.model_path, rung, hp, len(batches), device)
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        # One untimed step per padded width first: what a run pays once per width (cuBLAS/SDPA
-        # plans; torch.compile's graph, CUDA graph capture), so the timed steps are steady state.
-        widths = {b["input_ids"].shape[1]: b for b in reversed(batches)}
-        started = time.perf_counter()
-        for b in widths.values():
-            loop.step(b)
-        sync(device)
-        warm_s = time.perf_counter() - started
-        seconds, loss = time_loop(loop, batches, args.warmup)
-        extra = {
-            "last_loss": round(loss, 4),
-            "widths": len(widths),
-            "first_step_per_width_s": round(warm_s, 2),
-        }
-        if device.type == "cuda":
-            extra["peak_memory_gb"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
-        rows.append(table.record(rung.name, seconds, batches[args.warmup :], extra))
-        del loop
+        try:
+            rows.append(measure_rung(setup, table, rung, batches))
+        except (RuntimeError, torch.OutOfMemoryError) as err:
+            if not (rung.graphs or rung.compile):
+                raise
+            # An optional lever that fails on this stack is a row that says why, not a lost run.
+            table.rows.append({"name": rung.name, "error": f"{type(err).__name__}: {err}"[:400]})
+            print(f"  {rung.name:44s} failed: {table.rows[-1]['error']}", flush=True)
+            rows.append(table.rows[-1])
     # The fast path is the trial's default settings: every rung but the optional compile one.
     standard = rows[0]
     trials = [
