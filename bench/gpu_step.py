@@ -1,11 +1,12 @@
 """A training step on a GPU: where its time goes, kernel by kind, and how long the GPU waits.
 
-    python3 -m bench.gpu_step [--model bert-base] [--rungs 64:bf16,12:fp32,12:bf16] [--json FILE]
+    python3 -m bench.gpu_step [--model bert-base] [--rungs 64:bf16,12:fp32:graphs] [--json FILE]
 
-For each rung (windows per step : precision), bench.common.Loop -- the trial's step without
+For each rung (windows per step : precision [: graphs]), bench.common.Loop -- the trial's step without
 Determined: forward under autocast, backward, clip, fused AdamW, schedule -- runs on the real
 windows of the local training file (length-grouped batches, dynamic padding, SDPA, TF32, as the
-trial's defaults), one untimed step per padded width first, then `--batches` steps under
+trial's defaults; with `graphs`, width buckets of 64 and forward + backward captured as a CUDA
+graph per input shape), one untimed step per input shape first, then `--batches` steps under
 torch.profiler with CUDA activity. Reported per step:
 
 - wall ms, and GPU busy ms (the union of the kernels' intervals): the rest is the GPU waiting
@@ -52,6 +53,7 @@ KINDS: list[tuple[str, tuple[str, ...]]] = [
     ("casts (fp32 <-> bf16)", ("direct_copy", "copy_kernel")),
     ("embedding gradient", ("embedding", "indexing_backward", "index_put", "scatter")),
 ]
+TOP = 25  # the kernels that take the most time, by name, kept in the results
 OTHER = "other element-wise (GELU, bias, residual adds, loss, reductions)"
 SYNCS = (
     "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "aten::_local_scalar_dense",
@@ -83,9 +85,12 @@ def summarize(
 ) -> dict[str, Any]:
     """Per-step figures from the profiled kernels (name, start us, end us) and host event names."""
     by_kind: dict[str, float] = {}
+    by_name: dict[str, list[float]] = {}
     for name, start, end in kernels:
         kind = kernel_kind(name)
         by_kind[kind] = by_kind.get(kind, 0.0) + (end - start) / 1e3
+        by_name.setdefault(name, []).append((end - start) / 1e3)
+    top = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:TOP]
     busy_ms = busy_us((s, e) for _, s, e in kernels) / 1e3
     ordered = sorted(by_kind.items(), key=lambda kv: -kv[1])
     return {
@@ -97,35 +102,51 @@ def summarize(
         "kernels_per_step": round(len(kernels) / steps, 1),
         "launches_per_step": round(sum(n in LAUNCHES for n in host_events) / steps, 1),
         "host_syncs_per_step": round(sum(n in SYNCS for n in host_events) / steps, 2),
+        "top_kernels": [
+            {
+                "name": name[:200],
+                "kind": kernel_kind(name),
+                "ms_per_step": round(sum(ms) / steps, 3),
+                "calls_per_step": round(len(ms) / steps, 1),
+            }
+            for name, ms in top
+        ],
     }
 
 
-def rung_batches(setup: Any, batch_size: int, n_batches: int) -> tuple[list[dict], float]:
-    """`n_batches` length-grouped batches (the trial's batching) of the real windows, cycling
-    through the file when it holds fewer; and ms to collate one on the host."""
+def rung_batches(
+    setup: Any, batch_size: int, n_batches: int, graphs: bool = False
+) -> tuple[list[dict], float]:
+    """`n_batches` length-grouped batches (the trial's batching; width buckets of 64 for CUDA
+    graphs, one graph per shape) of the real windows, cycling through the file when it holds
+    fewer; and ms to collate one on the host."""
     hp, features = setup.hp, setup.features
+    batching, multiple = ("buckets", 64) if graphs else (hp.batching, hp.pad_to_multiple_of)
     sample = window_sample(len(features), n_batches * batch_size)
     sampler = FeatureBatchSampler(
-        features.lengths[sample], batch_size, shuffle=True, batching=hp.batching, seed=SEED,
-        bucket_width=hp.pad_to_multiple_of,
+        features.lengths[sample], batch_size, shuffle=True, batching=batching, seed=SEED,
+        bucket_width=multiple,
     )  # fmt: skip
-    collate = Collator(features, True, hp.pad_to_multiple_of, labels=True)
+    collate = Collator(features, True, multiple, labels=True)
     started = time.perf_counter()
     batches = [collate(sample[ix].tolist()) for ix in sampler.batches(0)]
     return batches, (time.perf_counter() - started) * 1e3 / len(batches)
 
 
-def profile_rung(setup: Any, batch_size: int, precision: str, n_batches: int) -> dict[str, Any]:
+def profile_rung(
+    setup: Any, batch_size: int, precision: str, n_batches: int, graphs: bool = False
+) -> dict[str, Any]:
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     from bench.throughput import flop_counter
 
     hp, device = setup.hp, setup.args.device
-    batches, collate_ms = rung_batches(setup, batch_size, n_batches)
-    rung = Rung("", hp.batching, hp.pad_to_multiple_of, "sdpa", "trial", precision, "", hp.tf32)
+    batches, collate_ms = rung_batches(setup, batch_size, n_batches, graphs)
+    batching, multiple = ("buckets", 64) if graphs else (hp.batching, hp.pad_to_multiple_of)
+    rung = Rung("", batching, multiple, "sdpa", "trial", precision, "", hp.tf32, graphs=graphs)
     loop = Loop(setup.model_path, rung, hp, len(batches) * 2, device)
-    for b in {b["input_ids"].shape[1]: b for b in batches}.values():  # once per width, untimed
+    for b in {tuple(b["input_ids"].shape): b for b in batches}.values():  # once per shape, untimed
         loop.step(b)
     sync(device)
     started = time.perf_counter()
@@ -140,11 +161,18 @@ def profile_rung(setup: Any, batch_size: int, precision: str, n_batches: int) ->
         sync(device)
         wall_ms = (time.perf_counter() - started) * 1e3
     events = prof.events()
-    kernels = [
-        (e.name, e.time_range.start, e.time_range.end) for e in events if e.device_type == DeviceType.CUDA
-    ]
     host = [e.name for e in events if e.device_type == DeviceType.CPU]
+    # The GPU timeline also carries the step's labelled ranges (record_function: "forward",
+    # "optimizer", the optimizer's own step): spans, not kernels; they share the host ops' names.
+    ranges = set(host)
+    device_events = [e for e in events if e.device_type == DeviceType.CUDA and e.name not in ranges]
+    kernels = [(e.name, e.time_range.start, e.time_range.end) for e in device_events]
     out = summarize(kernels, host, len(batches), wall_ms)
+    streams: dict[str, float] = {}
+    for e in device_events:  # which streams the kernels ran on (the step's own is one)
+        key = str(getattr(e, "device_resource_id", "?"))
+        streams[key] = streams.get(key, 0.0) + (e.time_range.end - e.time_range.start) / 1e3
+    out["kernel_ms_per_step_by_stream"] = {k: round(v / len(batches), 2) for k, v in streams.items()}
     # The matrix products' own rate: their FLOPs (6 N per token computed) over their kernel time.
     count = flop_counter(setup.model_path)
     tokens = sum(b["input_ids"].numel() for b in batches)
@@ -158,6 +186,7 @@ def profile_rung(setup: Any, batch_size: int, precision: str, n_batches: int) ->
         batch_size=batch_size,
         precision=precision,
         tf32=hp.tf32,
+        cuda_graphs=graphs,
         unprofiled_ms_per_step=round(unprofiled_ms / len(batches), 2),
         sequences_per_s_unprofiled=round(batch_size * len(batches) / unprofiled_ms * 1e3, 1),
         mean_width=round(tokens / sum(len(b["input_ids"]) for b in batches), 1),
@@ -178,7 +207,8 @@ def layers_hidden(model_path: str) -> int:
 
 def table(rows: list[dict[str, Any]]) -> str:
     kinds = list(dict.fromkeys(k for r in rows for k in r["kernel_ms_per_step_by_kind"]))
-    head = [f"{r['batch_size']} x {r['precision']}" for r in rows]
+    graphs = [", CUDA graphs" if r["cuda_graphs"] else "" for r in rows]
+    head = [f"{r['batch_size']} x {r['precision']}{g}" for r, g in zip(rows, graphs, strict=True)]
     lines = ["| per step | " + " | ".join(head) + " |", "|---" * (len(rows) + 1) + "|"]
 
     def line(label: str, cells: list[str]) -> None:
@@ -207,13 +237,23 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def parse_rungs(text: str) -> list[tuple[int, str]]:
+def parse_rungs(text: str) -> list[tuple[int, str, bool]]:
+    """BATCH:PRECISION[:graphs], comma-separated."""
     rungs = []
     for part in text.split(","):
-        size, _, precision = part.partition(":")
-        if not size.isdigit() or int(size) < 1 or precision not in ("fp32", "bf16", "fp16"):
-            raise SystemExit(f"--rungs {text!r}: comma-separated BATCH:PRECISION, e.g. 64:bf16,12:fp32")
-        rungs.append((int(size), precision))
+        size, _, rest = part.partition(":")
+        precision, _, graphs = rest.partition(":")
+        if (
+            not size.isdigit()
+            or int(size) < 1
+            or precision not in ("fp32", "bf16", "fp16")
+            or graphs not in ("", "graphs")
+            or (graphs and precision == "fp16")
+        ):
+            raise SystemExit(
+                f"--rungs {text!r}: comma-separated BATCH:PRECISION[:graphs], e.g. 64:bf16,12:fp32:graphs"
+            )
+        rungs.append((int(size), precision, graphs == "graphs"))
     return rungs
 
 
@@ -224,7 +264,11 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--model", choices=["embedded", "bert-base"], default="bert-base")
-    parser.add_argument("--rungs", default="64:bf16,12:fp32,12:bf16", help="BATCH:PRECISION, comma-separated")
+    parser.add_argument(
+        "--rungs",
+        default="64:bf16,64:bf16:graphs,12:fp32,12:bf16:graphs",
+        help="BATCH:PRECISION[:graphs], comma-separated (graphs: CUDA graphs over width buckets of 64)",
+    )
     parser.add_argument("--batches", type=int, default=12, help="profiled steps per rung")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
@@ -237,8 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         setup = throughput.Setup.build(targs, Path(tmp))
         rows = []
-        for size, precision in rungs:
-            rows.append(profile_rung(setup, size, precision, args.batches))
+        for size, precision, graphs in rungs:
+            rows.append(profile_rung(setup, size, precision, args.batches, graphs))
             print(json.dumps(rows[-1]), flush=True)
     result = {**provenance("bench.gpu_step", sys.argv[1:] if argv is None else argv, torch.device("cuda"))}
     result.update(model=args.model, rows=rows, table=table(rows))

@@ -54,8 +54,8 @@ def test_summary_per_step_idle_share_launches_and_syncs() -> None:
 
 
 def test_rungs_are_batch_and_precision_pairs() -> None:
-    assert gpu_step.parse_rungs("64:bf16,12:fp32") == [(64, "bf16"), (12, "fp32")]
-    for bad in ("64", "x:bf16", "0:fp32", "64:int8"):
+    assert gpu_step.parse_rungs("64:bf16,12:fp32:graphs") == [(64, "bf16", False), (12, "fp32", True)]
+    for bad in ("64", "x:bf16", "0:fp32", "64:int8", "64:bf16:compile", "12:fp16:graphs"):
         with pytest.raises(SystemExit, match="BATCH:PRECISION"):
             gpu_step.parse_rungs(bad)
 
