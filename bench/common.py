@@ -227,9 +227,10 @@ def provenance(module: str, argv: list[str], device: torch.device | None = None)
         done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
         return done.stdout.strip() if done.returncode == 0 else ""
 
-    # A copy of the tree without .git (a GPU machine's) names its commit in BENCH_COMMIT.
-    commit = git("rev-parse", "HEAD") or os.environ.get("BENCH_COMMIT", "unknown")
-    if git("status", "--porcelain", "--untracked-files=no"):
+    # A copy of the tree sent to another machine (a GPU's) names its commit in BENCH_COMMIT:
+    # whatever .git travelled with it need not be the tree's.
+    commit = os.environ.get("BENCH_COMMIT") or git("rev-parse", "HEAD") or "unknown"
+    if "BENCH_COMMIT" not in os.environ and git("status", "--porcelain", "--untracked-files=no"):
         commit += "+changes"
     import numpy
     import transformers

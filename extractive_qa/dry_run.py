@@ -205,6 +205,11 @@ def count_training_windows(data: DataSettings, root: Path) -> WindowCount:
 # level with 4x. Below this, a run above its reference batch is predicted to lose F1.
 STEP_FLOOR = 400
 STEPS_DOC = "docs/scaling.md, section 'The learning rate follows the batch'"
+# docs/gpu.md, "Where a GPU step goes": below this many windows per GPU an eager step is too
+# small to keep the GPU busy, and bf16 autocast's casts made it slower than fp32 with TF32 (12,
+# 16 and 32 per GPU on an H100); from 64 per GPU up bf16 was the faster.
+BF16_PAYS_FROM_PER_GPU = 64
+GPU_DOC = "docs/gpu.md"
 MIN_STEPS_PER_VALIDATION = 5
 MAX_REPEATED_WINDOW_SHARE = 0.5
 LISTED_POINTS = 12
@@ -239,6 +244,7 @@ def count_plan(plan: RunPlan, conf: dict[str, Any], slots: int, windows: WindowC
         if plan.checkpoint_policy != "none" or plan.checkpoint_period is not None:
             out["checkpoints"] = _points(plan.checkpoint_period, per_epoch, total, False)
         warnings += _warnings(plan, steps, warmup, out["validations"], windows)
+    warnings += speed_warnings(plan, slots)
     searcher = conf.get("searcher") or {}
     if searcher.get("name") == "adaptive_asha" and searcher.get("max_time") is not None:
         unit = searcher.get("time_metric", "batches")
@@ -256,6 +262,30 @@ def count_plan(plan: RunPlan, conf: dict[str, Any], slots: int, windows: WindowC
         out["asha_rungs"] = rungs
     out["warnings"] = warnings
     return out
+
+
+def speed_warnings(plan: RunPlan, slots: int, device: str | None = None) -> list[str]:
+    """Settings measured slow for what they are used with: torch.compile over dynamic widths, and
+    bf16 / fp16 autocast at small per-GPU batches (on this machine's GPU, or any multi-GPU run)."""
+    hp, found = plan.hparams, []
+    if hp.torch_compile and hp.batching != "buckets":
+        widths = -(-plan.data.max_seq_length // hp.pad_to_multiple_of)
+        found.append(
+            f"torch_compile with batching {hp.batching}: the step is compiled again for every padded "
+            f"width, up to {widths} at max_seq_length {plan.data.max_seq_length} / pad_to_multiple_of "
+            f"{hp.pad_to_multiple_of}, about a minute each for BERT-base on a GPU ({GPU_DOC}). Set "
+            "batching: buckets with pad_to_multiple_of 64 (a few widths), or leave torch_compile off."
+        )
+    per_gpu = hp.global_batch_size // slots
+    on_gpus = (device or local_device()) == "cuda" or slots > 1
+    if hp.precision in ("bf16", "fp16") and per_gpu < BF16_PAYS_FROM_PER_GPU and on_gpus:
+        found.append(
+            f"precision {hp.precision} at {per_gpu} windows per GPU: at fewer than "
+            f"{BF16_PAYS_FROM_PER_GPU} per GPU the step is too small to keep a GPU busy and autocast's "
+            f"casts made it slower than precision fp32 with TF32 matmuls (tf32: true) on an H100 "
+            f"({GPU_DOC}). Use fp32 (+TF32) here, or {BF16_PAYS_FROM_PER_GPU}+ windows per GPU."
+        )
+    return found
 
 
 def _warnings(

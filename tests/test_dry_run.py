@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from extractive_qa.config import experiment
+from extractive_qa.config import experiment, run_plan
 from extractive_qa.dry_run import STEP_FLOOR
 from extractive_qa.trial.optimization import OPTIMIZER_RECIPES, linear_warmup_decay
 from tests.support.project import ROOT, run_cli, run_train, tiny_config, write_yaml
@@ -104,6 +104,38 @@ def test_each_warning_fires_on_a_config_made_to_trip_it(overrides: list[str], ne
     args = [arg for item in overrides for arg in ("--set", item)]
     plan = dry(ROOT / "local.yaml", *args)
     assert any(needle in w for w in plan["warnings"]), plan["warnings"]
+
+
+@pytest.mark.parametrize(
+    ("config", "overrides", "device", "warned"),
+    [
+        # bf16 at the shipped 12 per GPU: measured slower than fp32 + TF32 on an H100
+        ("distributed.yaml", ["hyperparameters.precision=bf16"], "cpu", True),  # 8 GPUs, planned here
+        ("const.yaml", ["hyperparameters.precision=fp16"], "cuda", True),  # one GPU, this machine's
+        ("const.yaml", ["hyperparameters.precision=bf16"], "cpu", False),  # a CPU run: bf16 is fast
+        ("const.yaml", ["hyperparameters.precision=bf16", "hyperparameters.global_batch_size=64"], "cuda", 0),
+        ("const.yaml", ["hyperparameters.precision=auto"], "cuda", False),  # auto is fp32 + TF32 there
+    ],
+)
+def test_bf16_at_a_small_per_gpu_batch_is_warned_of_where_it_runs_on_gpus(
+    config: str, overrides: list[str], device: str, warned: bool | int
+) -> None:
+    """docs/gpu.md: at 12-32 windows per GPU bf16 autocast was slower than fp32 with TF32."""
+    from extractive_qa.dry_run import speed_warnings
+
+    conf = experiment.load_experiment(ROOT / config, overrides)
+    slots = experiment.slots_of(conf)
+    plan = run_plan.run_plan(conf, experiment.local_hparams(conf), slots)
+    found = [w for w in speed_warnings(plan, slots, device) if "windows per GPU" in w]
+    assert bool(found) == warned, found
+
+
+def test_torch_compile_over_dynamic_widths_is_warned_of_and_buckets_are_not() -> None:
+    plan = dry(ROOT / "const.yaml", "--set", "hyperparameters.torch_compile=true")
+    assert any("compiled again for every padded width, up to 48" in w for w in plan["warnings"]), plan
+    bucketed = ["hyperparameters.batching=buckets", "hyperparameters.pad_to_multiple_of=64"]
+    args = [a for o in ["hyperparameters.torch_compile=true", *bucketed] for a in ("--set", o)]
+    assert not any("torch_compile" in w for w in dry(ROOT / "const.yaml", *args)["warnings"])
 
 
 def test_the_scaling_series_takes_each_optimizers_recipe() -> None:
