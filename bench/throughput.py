@@ -65,6 +65,7 @@ from bench.common import (
     Rung,
     machine_text,
     model_dir,
+    provenance,
     run_trial,
     sync,
     time_loop,
@@ -444,6 +445,7 @@ def main(argv: list[str] | None = None) -> int:
         setup = Setup.build(args, Path(tmp))
         table = Table(flop_counter(setup.model_path), peak_tflops(device))
         result: dict[str, Any] = {
+            **provenance("bench.throughput", sys.argv[1:] if argv is None else argv, device),
             "device": machine,
             "torch": torch.__version__,
             "date": time.strftime("%Y-%m-%d"),

@@ -120,15 +120,88 @@ def resume_rewrite(model: str) -> str:
     )
 
 
+GRAPHS = "+ CUDA graphs (forward + backward), buckets /64"
+
+
 def gpu_rungs() -> str:
-    h100 = seq_per_s("throughput-h100-bf16-b12.json", "+ TF32 matmuls")
+    """The README's GPU row: eager at 12 per GPU on both H100 measurements, CUDA graphs, 128 per
+    GPU's projection, and compile's cost on the H200."""
+    then = seq_per_s("throughput-h100-bf16-b12.json", "+ TF32 matmuls")
+    now = seq_per_s("throughput-h100-graphs-fp32-b12.json", "+ TF32 matmuls")
+    graphs12 = seq_per_s("throughput-h100-graphs-fp32-b12.json", GRAPHS)
+    (b64,) = [r for r in results("throughput-h100-graphs-bf16-b64.json")["rows"] if r["name"] == GRAPHS]
+    b128 = seq_per_s("throughput-h100-bf16-b128.json", "+ bf16 autocast")
     h200 = "throughput-h200-bf16-b64-compile.json"
-    bf16, tf32 = seq_per_s(h200, "+ bf16 autocast"), seq_per_s(h200, "+ TF32 matmuls")
     (compiled,) = [r for r in results(h200)["rows"] if r["name"].startswith("+ torch.compile")]
+    lo, hi = sorted((now, then))
     return (
-        f"BERT-base {h100:.0f} seq/s at 12 per GPU (fp32+TF32) on the H100; at 64 per GPU on the "
-        f"H200, {bf16:,.0f} (bf16) vs {tf32:,.0f} (fp32+TF32); torch.compile costs "
-        f"~{compiled['first_step_per_width_s']:.0f} s per width there"
+        f"BERT-base at the YAMLs' 12 per GPU (fp32+TF32): {lo:.0f}-{hi:.0f} seq/s eager on an H100 (the "
+        f"host's launches bound it), {graphs12:.0f} with CUDA graphs ({graphs12 / now:.1f}x); 64 per GPU "
+        f"in bf16: {b64['sequences_per_s']:,.0f} with CUDA graphs (MFU {b64['mfu']:.1%}); 128 per GPU in "
+        f"bf16: {b128:,.0f}, SQuAD v1.1 x 2 epochs projected in {2 * 88_600 / b128:.0f} s; torch.compile "
+        f"costs ~{compiled['first_step_per_width_s']:.0f} s per width"
+    ).replace("%", " %")
+
+
+def gpu_step_table() -> str:
+    """docs/gpu.md quotes bench.gpu_step's table as the file has it."""
+    return results("gpu-step-h100.json")["table"]
+
+
+def gpu_graphs_ladder() -> str:
+    """docs/gpu.md's CUDA-graph ladder: eager, buckets, graphs, MFU, capture, memory per rung."""
+    lines = []
+    for label, name in (
+        ("12, fp32 + TF32 (the GPU YAMLs)", "throughput-h100-graphs-fp32-b12.json"),
+        ("12, bf16", "throughput-h100-graphs-bf16-b12.json"),
+        ("64, bf16", "throughput-h100-graphs-bf16-b64.json"),
+    ):
+        rows = {r["name"]: r for r in results(name)["rows"]}
+        fast = rows["+ bf16 autocast"] if "bf16" in label else rows["+ TF32 matmuls"]
+        bucket, graph = rows["+ width buckets (/64), eager"], rows[GRAPHS]
+        lines.append(
+            f"| {label} | {fast['sequences_per_s']:,.0f} | {bucket['sequences_per_s']:,.0f} | "
+            f"**{graph['sequences_per_s']:,.0f}** | {graph['mfu']:.1%} | "
+            f"{graph['first_step_per_width_s']:.2f} s | {graph['peak_memory_gb']:.1f} GB |"
+        )
+    r128 = {r["name"]: r for r in results("throughput-h100-bf16-b128.json")["rows"]}["+ bf16 autocast"]
+    lines.append(
+        f"| 128, bf16 (no graph rung) | {r128['sequences_per_s']:,.0f} | - | - | {r128['mfu']:.1%} (eager) "
+        f"| - | {r128['peak_memory_gb']:.1f} GB (eager) |"
+    )
+    return "\n".join(lines).replace("%", " %")
+
+
+def gpu_projections() -> str:
+    """docs/gpu.md's projected SQuAD v1.1 x 2 epochs per setting: 2 x 88.6k windows / seq/s."""
+
+    def minutes(name: str, rung: str) -> str:
+        return f"{2 * 88_600 / seq_per_s(name, rung) / 60:.1f} min"
+
+    fp32, bf16 = "throughput-h100-graphs-fp32-b12.json", "throughput-h100-graphs-bf16-b12.json"
+    b64, b128 = "throughput-h100-graphs-bf16-b64.json", "throughput-h100-bf16-b128.json"
+    assert results(fp32)["projection_squad_v11_2_epochs_min"] == 9.5
+    return (
+        f"**{minutes(fp32, '+ TF32 matmuls')}** at the YAMLs' 12 per GPU in fp32 + TF32 (eager), "
+        f"{minutes(fp32, GRAPHS)} with CUDA graphs, {minutes(bf16, GRAPHS)} in bf16 with graphs; "
+        f"**{minutes(b64, GRAPHS)}** at 64 per GPU in bf16 with graphs; **{minutes(b128, '+ bf16 autocast')} "
+        f"({2 * 88_600 / seq_per_s(b128, '+ bf16 autocast'):.0f} s)** at 128 per GPU in bf16, eager"
+    )
+
+
+def gpu_accuracy() -> str:
+    """docs/gpu.md: the embedded default's five GPU seeds, and the GPU against the CPU's fp32."""
+    gpu, cpu = results("gpu-precision-h100.json")["rows"], results("cpu-precision.json")["rows"]
+    f1 = {p: study.mean_std(list(study.by_seed(gpu, {"precision": p}).values())) for p in ("fp32", "bf16")}
+    versus_cpu = study.paired(
+        study.by_seed(gpu, {"precision": "fp32"}), study.by_seed(cpu, {"precision": "fp32"})
+    )
+    return (
+        f"fp32 + TF32 F1 {f1['fp32'][0]:.2f} ± {f1['fp32'][1]:.2f}, bf16 {f1['bf16'][0]:.2f} ± "
+        f"{f1['bf16'][1]:.2f}; paired bf16 - fp32 "
+        f"{paired_f1('gpu-precision-h100.json', {'precision': 'bf16'}, {'precision': 'fp32'})}. Against "
+        "the CPU's fp32 runs of the same seeds with torch's dropout masks (AMD EPYC, "
+        f"`bench/results/cpu-precision.json`): GPU - CPU {study.fmt_diff(versus_cpu)}"
     )
 
 
@@ -588,6 +661,10 @@ FIGURES = [
     Figure("README.md", "checking a feature-cache entry", cache_check_readme),
     Figure("docs/scaling.md", "two machines over shaped links, every run", multi_machine_table),
     Figure("docs/gpu.md", "the H100 ladder by per-GPU batch", h100_ladder),
+    Figure("docs/gpu.md", "where a GPU step goes (bench.gpu_step)", gpu_step_table),
+    Figure("docs/gpu.md", "the ladder with CUDA graphs", gpu_graphs_ladder),
+    Figure("docs/gpu.md", "projected SQuAD v1.1 x 2 epochs per GPU setting", gpu_projections),
+    Figure("docs/gpu.md", "the embedded default's accuracy on the GPU", gpu_accuracy),
     Figure("docs/batching.md", "the batching study's table", batching_table),
     Figure("docs/results.md", "feature preparation's speed", lambda: features_and_extraction()[0]),
     Figure("docs/results.md", "answer extraction's speed", lambda: features_and_extraction()[1]),
