@@ -725,3 +725,27 @@ def test_every_new_results_file_records_its_command_commit_date_machine_and_vers
     assert not missing, f"results files without their provenance: {missing}"
     gone = MEASURED_BEFORE_PROVENANCE - {p.name for p in RESULTS.glob("*.json")}
     assert not gone, f"listed as measured before provenance but not in bench/results/: {gone}"
+
+
+HISTORICAL = "historical: no results file"
+RESULTS_FILE = re.compile(r"((?:bench/results|docs)/[\w./*-]+\.(?:json|txt|log|md|png))")
+
+
+def test_every_row_of_the_results_page_names_its_results_file_or_says_it_has_none() -> None:
+    """docs/results.md: each table row names the file its figures come from (in the row, or in the
+    text of its section), every file named exists, and a row with no file says so."""
+    problems, missing = [], []
+    for section in re.split(r"(?m)^(?=#{2,3} )", (ROOT / "docs" / "results.md").read_text()):
+        lines = section.splitlines()
+        prose = "\n".join(line for line in lines if not line.startswith("|"))
+        rows = [line for line in lines if line.startswith("| ")][1:]  # below the header row
+        in_prose = RESULTS_FILE.findall(prose)
+        for line in rows:
+            named = RESULTS_FILE.findall(line)
+            for name in named + in_prose:
+                if not list(ROOT.glob(name)):
+                    missing.append(name)
+            if not named and not in_prose and HISTORICAL not in line:
+                problems.append(line[:100])
+    assert not missing, f"docs/results.md names files that are not in the repository: {missing}"
+    assert not problems, f"docs/results.md rows naming no results file: {problems}"
