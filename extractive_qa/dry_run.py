@@ -3,7 +3,8 @@ training windows counted (feature cache, the file itself, or the official file's
 as an estimate), batches, optimizer steps, warm-up, validation and checkpoint points and ASHA
 rungs in steps and samples, and the warnings the measurements behind this project support: too
 few optimizer steps for the scale, RAdam's rectifier acting as a long warm-up, too few steps
-between validations, windows that mostly repeat each other."""
+between validations, windows that mostly repeat each other, bf16 / fp16 at small per-GPU
+batches, torch.compile over dynamic widths."""
 
 from __future__ import annotations
 
