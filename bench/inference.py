@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from bench.common import BERT_BASE, machine_text, sync
+from bench.common import BERT_BASE, machine_text, provenance, sync
 from extractive_qa.config import experiment, run_plan
 from extractive_qa.config.model_family import resolve_pretrained
 from extractive_qa.data import squad_files
@@ -246,8 +246,11 @@ def compare_runtimes(
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     machine = machine_text(args.device)
-    result: dict[str, Any] = {"device": machine, "torch": torch.__version__}
-    result["date"] = time.strftime("%Y-%m-%d")
+    result: dict[str, Any] = {
+        **provenance("bench.inference", sys.argv[1:] if argv is None else argv, args.device),
+        "device": machine,
+        "torch": torch.__version__,
+    }
     print(f"device: {machine}")
     with tempfile.TemporaryDirectory() as tmp:
         try:
