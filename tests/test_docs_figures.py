@@ -143,6 +143,17 @@ def gpu_rungs() -> str:
     ).replace("%", " %")
 
 
+def inference_cpu_row() -> str:
+    """docs/results.md: predict.py's path end to end on this CPU, from bench.inference's file."""
+    run = results("inference-cpu-amx.json")["end_to_end"]
+    b, one = run["batch"], run["single"]
+    return (
+        f"{b['questions']} questions ({b['windows']} windows) in {b['seconds']:.2f} s = "
+        f"**{b['questions_per_s']} questions/s** (the model is {b['share_model']:.1%} of it); one question "
+        f"per call median {one['ms_median']} ms"
+    ).replace("%", " %")
+
+
 def gpu_step_table() -> str:
     """docs/gpu.md quotes bench.gpu_step's table as the file has it."""
     return results("gpu-step-h100.json")["table"]
@@ -665,6 +676,7 @@ FIGURES = [
     Figure("docs/scaling.md", "two machines over shaped links, every run", multi_machine_table),
     Figure("docs/gpu.md", "the H100 ladder by per-GPU batch", h100_ladder),
     Figure("docs/gpu.md", "where a GPU step goes (bench.gpu_step)", gpu_step_table),
+    Figure("docs/results.md", "predict.py's path end to end on the CPU", inference_cpu_row),
     Figure("docs/gpu.md", "the ladder with CUDA graphs", gpu_graphs_ladder),
     Figure("docs/gpu.md", "projected SQuAD v1.1 x 2 epochs per GPU setting", gpu_projections),
     Figure("docs/gpu.md", "the embedded default's accuracy on the GPU", gpu_accuracy),
