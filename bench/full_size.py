@@ -4,7 +4,7 @@ Writes the v1.1 train excerpt repeated with fresh ids and distinct context tails
 88,232 questions) to a temporary file, runs `data.py` on it in a child process (cache build),
 then again (cache hit), and prints the child's peak RSS and both wall times.
 
-    python3 -m bench.full_size [--copies 328]
+    python3 -m bench.full_size [--copies 328] [--json FILE]
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.common import provenance
 from extractive_qa.data import feature_cache
-from extractive_qa.files import ROOT
+from extractive_qa.files import ROOT, write_text_atomic
 from tests.support.cli_result import last_json
 
 
@@ -30,7 +31,10 @@ def run_json(cmd: list[str]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--copies", type=int, default=328)
+    parser.add_argument("--json", type=Path, help="write the result here, with its provenance")
     args = parser.parse_args()
+    if args.copies < 1:
+        parser.error("--copies must be at least 1")
     src = json.loads((ROOT / "squad_data/train-v1.1-excerpt.json").read_text(encoding="utf-8"))
     with tempfile.TemporaryDirectory() as tmp:
         articles = []
@@ -66,6 +70,7 @@ def main() -> None:
         load_s = time.perf_counter() - t0
         assert len(features) == build["features"]
     result = {
+        **provenance("bench.full_size", sys.argv[1:]),
         "examples": build["examples"],
         "features": build["features"],
         "build_seconds": build["seconds"],
@@ -74,6 +79,8 @@ def main() -> None:
         "cache_load_seconds": round(load_s, 4),
         "cache": [build["cache"], hit["cache"]],
     }
+    if args.json:
+        write_text_atomic(args.json, json.dumps(result, indent=1) + "\n")
     print(json.dumps(result))
 
 
