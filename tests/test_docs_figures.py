@@ -154,6 +154,16 @@ def inference_cpu_row() -> str:
     ).replace("%", " %")
 
 
+def full_size_row() -> str:
+    """docs/results.md: preparing and loading a full-SQuAD-sized training set (bench.full_size)."""
+    d = results("full-size-amx.json")
+    return (
+        f"{d['features']:,} features in {d['build_seconds']:.1f} s, peak RSS {d['build_peak_rss_mb']} MB; "
+        f"loading the cache (memory maps) {d['cache_load_seconds']:.3f} s; `data.py` on a cache hit "
+        f"{d['cache_hit_cli_seconds']:.1f} s end to end"
+    )
+
+
 def gpu_step_table() -> str:
     """docs/gpu.md quotes bench.gpu_step's table as the file has it."""
     return results("gpu-step-h100.json")["table"]
@@ -677,6 +687,7 @@ FIGURES = [
     Figure("docs/gpu.md", "the H100 ladder by per-GPU batch", h100_ladder),
     Figure("docs/gpu.md", "where a GPU step goes (bench.gpu_step)", gpu_step_table),
     Figure("docs/results.md", "predict.py's path end to end on the CPU", inference_cpu_row),
+    Figure("docs/results.md", "a full-SQuAD-sized training set", full_size_row),
     Figure("docs/gpu.md", "the ladder with CUDA graphs", gpu_graphs_ladder),
     Figure("docs/gpu.md", "projected SQuAD v1.1 x 2 epochs per GPU setting", gpu_projections),
     Figure("docs/gpu.md", "the embedded default's accuracy on the GPU", gpu_accuracy),
