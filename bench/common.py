@@ -232,7 +232,6 @@ def provenance(module: str, argv: list[str], device: torch.device | None = None)
     commit = os.environ.get("BENCH_COMMIT") or git("rev-parse", "HEAD") or "unknown"
     if "BENCH_COMMIT" not in os.environ and git("status", "--porcelain", "--untracked-files=no"):
         commit += "+changes"
-    import numpy
     import transformers
 
     return {
@@ -242,7 +241,7 @@ def provenance(module: str, argv: list[str], device: torch.device | None = None)
         "machine": machine_text(device),
         "cpu": cpu_description(),
         "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                     "transformers": transformers.__version__, "numpy": numpy.__version__,
+                     "transformers": transformers.__version__, "numpy": np.__version__,
                      "system": f"{platform.system()} {platform.release()}"},
     }  # fmt: skip
 
