@@ -61,6 +61,17 @@ SYNCS = (
 LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx")
 
 
+def split_events(events: Iterable[Any]) -> tuple[list[str], list[Any]]:
+    """(host event names, the GPU's kernels and copies) of a profile. The GPU timeline also carries
+    the step's labelled ranges (record_function: "forward", "optimizer", the optimizer's own
+    step): spans over many kernels, not kernels, and they share the host ops' names."""
+    from torch.autograd import DeviceType
+
+    host = [e.name for e in events if e.device_type == DeviceType.CPU]
+    ranges = set(host)
+    return host, [e for e in events if e.device_type == DeviceType.CUDA and e.name not in ranges]
+
+
 def kernel_kind(name: str) -> str:
     low = name.lower()
     for kind, needles in KINDS:
@@ -136,7 +147,6 @@ def rung_batches(
 def profile_rung(
     setup: Any, batch_size: int, precision: str, n_batches: int, graphs: bool = False
 ) -> dict[str, Any]:
-    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     from bench.throughput import flop_counter
@@ -161,11 +171,7 @@ def profile_rung(
         sync(device)
         wall_ms = (time.perf_counter() - started) * 1e3
     events = prof.events()
-    host = [e.name for e in events if e.device_type == DeviceType.CPU]
-    # The GPU timeline also carries the step's labelled ranges (record_function: "forward",
-    # "optimizer", the optimizer's own step): spans, not kernels; they share the host ops' names.
-    ranges = set(host)
-    device_events = [e for e in events if e.device_type == DeviceType.CUDA and e.name not in ranges]
+    host, device_events = split_events(events)
     kernels = [(e.name, e.time_range.start, e.time_range.end) for e in device_events]
     out = summarize(kernels, host, len(batches), wall_ms)
     streams: dict[str, float] = {}

@@ -92,3 +92,31 @@ def test_graphs_rung_needs_cuda() -> None:
     with pytest.raises(SystemExit):
         throughput.parse_args(["--device", "cpu", "--graphs", "--skip-trial"])
     assert not throughput.parse_args(["--device", "cpu", "--skip-trial"]).graphs
+
+
+def test_the_gpu_timelines_labelled_ranges_are_not_counted_as_kernels() -> None:
+    """On a GPU profile, record_function ranges ("forward", the optimizer's step) appear on the
+    device timeline too, spanning many kernels; counted as kernels they made the element-wise
+    share 80 % of the step on an H100. Only kernels and copies are kept."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    def event(name: str, device: DeviceType) -> SimpleNamespace:
+        return SimpleNamespace(name=name, device_type=device)
+
+    events = [
+        event("forward", DeviceType.CPU),
+        event("aten::addmm", DeviceType.CPU),
+        event("Optimizer.step#AdamW.step", DeviceType.CPU),
+        event("forward", DeviceType.CUDA),  # the range, on the GPU's timeline
+        event("Optimizer.step#AdamW.step", DeviceType.CUDA),
+        event("nvjet_tst_128x256_64x4_2x1_v_bz_coopA_NTN", DeviceType.CUDA),
+        event("Memcpy HtoD (Pageable -> Device)", DeviceType.CUDA),
+    ]
+    host, device = gpu_step.split_events(events)
+    assert host == ["forward", "aten::addmm", "Optimizer.step#AdamW.step"]
+    assert [e.name for e in device] == [
+        "nvjet_tst_128x256_64x4_2x1_v_bz_coopA_NTN",
+        "Memcpy HtoD (Pageable -> Device)",
+    ]
