@@ -17,6 +17,12 @@ def training_flops(model: torch.nn.Module, batch: int, width: int) -> float:
     they are computed. Embedding lookups are gathers, not FLOPs. MFU = this / time / peak.
     """
     cfg = unwrap(model).config
+    attention = 12.0 * cfg.num_hidden_layers * cfg.hidden_size * width * batch * width
+    return parameter_flops(model, batch, width) + attention
+
+
+def parameter_flops(model: torch.nn.Module, batch: int, width: int) -> float:
+    """The weights' share of training_flops: 6 x non-embedding parameters per token computed --
+    what the Linear layers' matrix products do, apart from attention's scores and weighted sum."""
     params = sum(p.numel() for n, p in unwrap(model).named_parameters() if "embeddings" not in n)
-    tokens = batch * width
-    return tokens * (6.0 * params + 12.0 * cfg.num_hidden_layers * cfg.hidden_size * width)
+    return 6.0 * params * batch * width

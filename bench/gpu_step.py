@@ -180,13 +180,9 @@ def profile_rung(
         streams[key] = streams.get(key, 0.0) + (e.time_range.end - e.time_range.start) / 1e3
     out["kernel_ms_per_step_by_stream"] = {k: round(v / len(batches), 2) for k, v in streams.items()}
     # The matrix products' own rate: their FLOPs (6 N per token computed) over their kernel time.
-    count = flop_counter(setup.model_path)
+    count = flop_counter(setup.model_path, weights_only=True)
     tokens = sum(b["input_ids"].numel() for b in batches)
-    lh = layers_hidden(setup.model_path)
-    linear_flops = sum(
-        count(*b["input_ids"].shape) - 12.0 * b["input_ids"].numel() * b["input_ids"].shape[1] * lh
-        for b in batches
-    )
+    linear_flops = sum(count(*b["input_ids"].shape) for b in batches)
     mm_ms = out["kernel_ms_per_step_by_kind"].get(KINDS[3][0], 0.0) * len(batches)
     out.update(
         batch_size=batch_size,
@@ -202,13 +198,6 @@ def profile_rung(
     del loop
     torch.cuda.empty_cache()
     return out
-
-
-def layers_hidden(model_path: str) -> int:
-    from transformers import AutoConfig
-
-    cfg = AutoConfig.from_pretrained(model_path)
-    return cfg.num_hidden_layers * cfg.hidden_size
 
 
 def table(rows: list[dict[str, Any]]) -> str:

@@ -97,13 +97,15 @@ def peak_tflops(device: torch.device) -> float | None:
     return None
 
 
-def flop_counter(model_path: str) -> Callable[[int, int], float]:
-    """FLOPs of a training step on (batch, width): flops.training_flops on a meta-device model."""
+def flop_counter(model_path: str, weights_only: bool = False) -> Callable[[int, int], float]:
+    """FLOPs of a training step on (batch, width): flops.training_flops on a meta-device model
+    (weights_only: flops.parameter_flops, the Linear layers' share)."""
     from transformers import AutoConfig, AutoModelForQuestionAnswering
 
     with torch.device("meta"):
         model = AutoModelForQuestionAnswering.from_config(AutoConfig.from_pretrained(model_path))
-    return lambda batch, width: flops.training_flops(model, batch, width)
+    count = flops.parameter_flops if weights_only else flops.training_flops
+    return lambda batch, width: count(model, batch, width)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
