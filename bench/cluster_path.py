@@ -1,11 +1,12 @@
 """Wall time of the same short 2-slot run: the emulated 0.38.1 cluster path vs local torchrun.
 
     python3 -m bench.cluster_path [--batches 20] [--repeats 2] [--json FILE]   # needs root
+    python3 -m bench.cluster_path --batches 0 --repeats 1 ...   # local.yaml's whole run (3 epochs)
     python3 -m bench.cluster_path --profiling ...   # the cluster path, profiler off vs on
 
 Both run the embedded default (local.yaml: MiniLM, the bundled SQuAD text) for --batches batches
-on 2 CPU processes (gloo) and end with the full validation on the 810-question dev excerpt, from
-a warm feature cache. The cluster path starts the trial as a 0.38.1 agent does
+(0: local.yaml's own training length) on 2 CPU processes (gloo) and end with the full validation
+on the 810-question dev excerpt, from a warm feature cache. The cluster path starts the trial as a 0.38.1 agent does
 (tests/support/det_cluster.py: a private mount namespace per container, prep_container, exec.launch,
 determined.launch.torch_distributed, pid_server/pid_client, wrap_rank) and the trial talks to a
 stand-in master over loopback; the local path is `torchrun --standalone --nproc_per_node=2
@@ -27,6 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.common import provenance
 from extractive_qa import scaling_runs
 from extractive_qa.config import experiment
 from extractive_qa.files import ROOT
@@ -40,7 +42,8 @@ def config_for(batches: int, cache: Path) -> tuple[dict, dict]:
     for key in ("train_file", "validation_file"):  # the very files both paths read
         conf["data"][key] = str(ROOT / conf["data"][key])
     conf["resources"]["slots_per_trial"] = 2
-    conf["hyperparameters"]["train_length"] = {"type": "const", "val": {"batches": batches}}
+    if batches:
+        conf["hyperparameters"]["train_length"] = {"type": "const", "val": {"batches": batches}}
     conf["entrypoint"] = "python3 -m determined.launch.torch_distributed python3 train.py"
     return conf, experiment.local_hparams(conf)
 
@@ -59,7 +62,7 @@ def local_run(conf: dict, tmp: Path) -> tuple[float, dict]:
     if out.returncode != 0:
         raise SystemExit(f"local run failed:\n{out.stderr[-3000:]}")
     result = last_json(out.stdout)
-    return seconds, {"exact_match": result["exact_match"], "f1": result["f1"]}
+    return seconds, {k: result[k] for k in ("exact_match", "f1", "train_seconds") if k in result}
 
 
 def cluster_run(conf: dict, hp: dict, tmp: Path) -> tuple[float, dict]:
@@ -70,12 +73,12 @@ def cluster_run(conf: dict, hp: dict, tmp: Path) -> tuple[float, dict]:
         if record.exit_codes != [0] or cluster.master.errors:
             raise SystemExit(f"cluster run failed: {cluster.master.errors}\n{record.logs[-1][-3000:]}")
         val = cluster.master.validations()[-1]["metrics"]
-    return seconds, {"exact_match": val["exact_match"], "f1": val["f1"]}
+    return seconds, {k: val[k] for k in ("exact_match", "f1", "train_seconds") if k in val}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batches", type=int, default=20)
+    parser.add_argument("--batches", type=int, default=20, help="0: local.yaml's own length")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--profiling", action="store_true", help="compare profiler on vs off instead")
@@ -88,7 +91,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         conf, hp = config_for(args.batches, tmp / "features")
-        local_run(conf, tmp / "warm")  # builds the feature cache both paths then read
+        local_run(config_for(1, tmp / "features")[0], tmp / "warm")  # the feature cache both read
         arms = ("profiler-on", "profiler-off") if args.profiling else ("cluster", "local")
         times: dict[str, list[float]] = {arm: [] for arm in arms}
         scores: dict[str, list[dict]] = {arm: [] for arm in arms}
@@ -105,7 +108,8 @@ def main() -> int:
                 scores[name].append(score)
                 print(f"{name} run {i + 1}: {seconds:.1f} s {score}", file=sys.stderr)
     report = {
-        "batches": args.batches,
+        **provenance("bench.cluster_path", sys.argv[1:]),
+        "batches": args.batches or "local.yaml's own length",
         "slots": 2,
         "wall_seconds": times,
         "scores": scores,

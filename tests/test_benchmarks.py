@@ -271,3 +271,18 @@ def test_throughput_refuses_a_stride_as_wide_as_the_window() -> None:
     assert done.returncode == 2, done.stderr[-2000:]
     assert "--doc-stride 128 must be smaller than --max-seq-length 64" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_cluster_path_runs_local_yamls_own_length_or_the_batches_asked(tmp_path: Path) -> None:
+    """`bench.cluster_path --batches 0` compares whole runs (local.yaml's own training length);
+    any other count cuts both paths' runs to that many batches."""
+    from bench import cluster_path
+    from extractive_qa.config import experiment
+    from extractive_qa.files import ROOT
+
+    own = experiment.load_yaml(ROOT / "local.yaml")["hyperparameters"]["train_length"]
+    whole, _ = cluster_path.config_for(0, tmp_path)
+    short, _ = cluster_path.config_for(20, tmp_path)
+    assert whole["hyperparameters"]["train_length"] == own
+    assert short["hyperparameters"]["train_length"] == {"type": "const", "val": {"batches": 20}}
+    assert whole["resources"]["slots_per_trial"] == short["resources"]["slots_per_trial"] == 2
