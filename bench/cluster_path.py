@@ -1,4 +1,4 @@
-"""Wall time of the same short 2-slot run: the emulated 0.38.1 cluster path vs local torchrun.
+"""Wall time of the same 2-slot run: the emulated 0.38.1 cluster path vs local torchrun.
 
     python3 -m bench.cluster_path [--batches 20] [--repeats 2] [--json FILE]   # needs root
     python3 -m bench.cluster_path --batches 0 --repeats 1 ...   # local.yaml's whole run (3 epochs)
@@ -6,14 +6,15 @@
 
 Both run the embedded default (local.yaml: MiniLM, the bundled SQuAD text) for --batches batches
 (0: local.yaml's own training length) on 2 CPU processes (gloo) and end with the full validation
-on the 810-question dev excerpt, from a warm feature cache. The cluster path starts the trial as a 0.38.1 agent does
-(tests/support/det_cluster.py: a private mount namespace per container, prep_container, exec.launch,
-determined.launch.torch_distributed, pid_server/pid_client, wrap_rank) and the trial talks to a
-stand-in master over loopback; the local path is `torchrun --standalone --nproc_per_node=2
-train.py`. Runs alternate so drift on this shared VM hits both. Prints one JSON object with the
-wall times, EM/F1 of each run and the ratio cluster / local. With --profiling the two arms are
-the cluster path with `profiling: {enabled: false}` and `{enabled: true}` (Determined's system
-metrics sampler: what the shipped cluster YAMLs turn on), and the ratio is on / off.
+on the 810-question dev excerpt, from a warm feature cache. The cluster path starts the trial as
+a 0.38.1 agent does (tests/support/det_cluster.py: a private mount namespace per container,
+prep_container, exec.launch, determined.launch.torch_distributed, pid_server/pid_client,
+wrap_rank) and the trial talks to a stand-in master over loopback; the local path is
+`torchrun --standalone --nproc_per_node=2 train.py`. Runs alternate so drift on this shared VM
+hits both. Prints one JSON object with the wall times, EM/F1 of each run and the ratio cluster /
+local. With --profiling the two arms are the cluster path with `profiling: {enabled: false}` and
+`{enabled: true}` (Determined's system metrics sampler: what the shipped cluster YAMLs turn
+on), and the ratio is on / off.
 """
 
 from __future__ import annotations
