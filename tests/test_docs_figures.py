@@ -746,7 +746,7 @@ def gpu_embedded_gpu_md() -> str:
     )
 
 
-def inference_bf16() -> tuple[str, str]:
+def inference_bf16() -> tuple[str, str, str]:
     """docs/results.md's forward-only rates on the AMD EPYC and bf16's gain over fp32 per shape."""
     rate = {
         (r["model"], r["precision"], r["batch"]): r["sequences_per_s"]
@@ -760,7 +760,8 @@ def inference_bf16() -> tuple[str, str]:
         parts.append(
             f"{shown} batch 1 / 8: fp32 {fp32}{' seq/s' if not parts else ''}, bf16 {bf16} (**{ratios}**)"
         )
-    return "; ".join(parts), f"bf16 {min(gain.values()):.2f}-{max(gain.values()):.2f}x fp32"
+    low, high = min(gain.values()), max(gain.values())
+    return "; ".join(parts), f"bf16 {low:.2f}-{high:.2f}x fp32", f"inference {low:.1f}-{high:.1f}x"
 
 
 def squad2_precision() -> tuple[str, str]:
@@ -822,6 +823,69 @@ def masks_study() -> tuple[str, str]:
         f"with the fast masks {min(later):.0f}-{max(later):.0f} s"
     )
     return f1, time
+
+
+def squad2_results_row() -> str:
+    """docs/results.md's line for the v2 / v1.1-style study."""
+    from bench import squad2
+
+    rows = results("squad2-cpu.json")["rows"]
+    seeds = squad2.shared_seeds(rows, "v2", "v1.1-style")
+    shown = {}
+    for path in (("at_zero", "f1"), ("at_tuned", "f1")):
+        v2, v1 = (squad2.column(rows, m, path, seeds) for m in ("v2", "v1.1-style"))
+        shown[path[0]] = [
+            f"{m:.2f} ± {sd:.2f}" for m, sd in (study.mean_std(list(x.values())) for x in (v2, v1))
+        ]
+        shown[path[0]].append(study.fmt_diff(study.paired(v2, v1)))
+    zero, tuned = shown["at_zero"], shown["at_tuned"]
+    return (
+        f"F1 at 0: {zero[0]} vs {zero[1]} ({zero[2]}); at the tuned threshold {tuned[0]} vs {tuned[1]}; "
+        f"answering nothing {squad2.abstain_f1():.2f}"
+    )
+
+
+def h100_standard_recipe() -> str:
+    """docs/results.md's BERT-base rates on the H100 with TF32, against the standard recipe."""
+    rate = {b: {r["name"]: r["sequences_per_s"] for r in results(f"throughput-h100-bf16-b{b}.json")["rows"]}
+            for b in (12, 32)}  # fmt: skip
+    standard = "standard recipe (pad to max, eager, AdamW, fp32)"
+    shown = {b: (r["+ TF32 matmuls"], r["+ TF32 matmuls"] / r[standard]) for b, r in rate.items()}
+    return (
+        f"B=12 TF32 {shown[12][0]:.0f} seq/s ({shown[12][1]:.1f}x the standard recipe), "
+        f"B=32 TF32 {shown[32][0]:.0f} ({shown[32][1]:.1f}x)"
+    )
+
+
+def batching_results_row() -> str:
+    """docs/results.md's line for the batching study: F1 per arm, sorted against random."""
+    from bench import batching
+
+    rows = results("batching.json")["rows"]
+    shown = {
+        "padded": "padded",
+        "random/8": "random",
+        "sorted/8": "sorted (default)",
+        "buckets/64": "buckets /64",
+    }
+    cells = []
+    for arm, label in shown.items():
+        s = study.summary(rows, batching.cell(arm), None)
+        cells.append(f"{label} {s['f1_mean']:.2f} ± {s['f1_std']:.2f}")
+    versus = study.summary(rows, batching.cell("sorted/8"), batching.cell("random/8"))["diff"]
+    return f"{', '.join(cells)}; sorted vs random {study.fmt_diff(versus)}"
+
+
+def lr_scaling_results_row() -> str:
+    """docs/results.md's line for the learning-rate study: the square root at 2x / 4x / 8x against 1x."""
+    cells = lr_scaling_cells()
+    shown = ", ".join(f"{k}x {study.fmt_diff(cells[k, 'sqrt']['diff'])}" for k in (2, 4, 8))
+    return f"{lr_scaling_reference()}: {shown}"
+
+
+def masks_readme() -> str:
+    f1, _ = masks_study()
+    return f"the fast masks against torch's, fp32: {f1.split('paired **')[1].rstrip('*')}"
 
 
 def lr_scaling_reference() -> str:
@@ -904,11 +968,17 @@ FIGURES = [
     Figure("docs/gpu.md", "the embedded default on the H100", gpu_embedded_gpu_md),
     Figure("docs/results.md", "forward-only bf16 against fp32 per shape", lambda: inference_bf16()[0]),
     Figure("docs/results.md", "forward-only bf16 against fp32, the range", lambda: inference_bf16()[1]),
+    Figure("README.md", "forward-only bf16 against fp32, the range", lambda: inference_bf16()[2]),
     Figure("docs/results.md", "SQuAD 2.0 trained in bf16 against fp32", lambda: squad2_precision()[0]),
     Figure("docs/results.md", "SQuAD 2.0 bf16 checkpoints through fp32", lambda: squad2_precision()[1]),
     Figure("docs/results.md", "the fast dropout masks' F1", lambda: masks_study()[0]),
     Figure("docs/results.md", "the fast dropout masks' training time", lambda: masks_study()[1]),
     Figure("docs/results.md", "the learning-rate study's reference F1", lr_scaling_reference),
+    Figure("docs/results.md", "the v2 / v1.1-style study in one line", squad2_results_row),
+    Figure("docs/results.md", "BERT-base on the H100 against the standard recipe", h100_standard_recipe),
+    Figure("docs/results.md", "the batching study in one line", batching_results_row),
+    Figure("docs/results.md", "the learning-rate study in one line", lr_scaling_results_row),
+    Figure("README.md", "the fast dropout masks against torch's", masks_readme),
 ]
 
 
@@ -1022,15 +1092,19 @@ def held(quoted: str, values: list[float]) -> bool:
     return any(abs(abs(c) - x) <= half for v in values for c in (v, 100 * v, v / 60))
 
 
+def quoted_numbers(document: str) -> set[str]:
+    """The numbers FIGURES compute and find quoted in `document`."""
+    quoted = " ".join(" ".join(f.quoted().split()) for f in FIGURES if f.document == document)
+    return {n.replace(",", "").lstrip("+") for n in NUMBER.findall(quoted)}
+
+
 def test_every_number_of_a_results_row_is_in_its_file_or_computed_from_it() -> None:
     """docs/results.md: each number in the result cell of a row that names its results file is a
-    value of that file (as rounded), or is quoted by one of FIGURES, which compute it from the
+    value of that file (as rounded), or is quoted there by one of FIGURES, which compute it from the
     files -- so changing a number in a results file makes this test or the figures' fail. A figure
     that happens to equal another value of its file passes: this catches a number that matches
     nothing, not two swapped."""
-    computed = {
-        n.replace(",", "").lstrip("+") for f in FIGURES for n in NUMBER.findall(" ".join(f.quoted().split()))
-    }
+    computed = quoted_numbers("docs/results.md")
     settings = {setting for _, setting in SETTINGS_IN_RESULTS}
     loose = []
     for section in re.split(r"(?m)^(?=#{2,3} )", (ROOT / "docs" / "results.md").read_text()):
@@ -1053,3 +1127,20 @@ def test_every_number_of_a_results_row_is_in_its_file_or_computed_from_it() -> N
     assert not loose, (
         "docs/results.md figures neither in their results file nor computed from it:\n" + "\n".join(loose)
     )
+
+
+def test_every_number_of_the_readmes_results_table_is_computed_from_a_results_file() -> None:
+    """README.md's Results table: each number of its result column is quoted there by one of
+    FIGURES, which compute it from the results files."""
+    computed = quoted_numbers("README.md")
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("## Results") : readme.index("## Develop")]
+    loose = []
+    for line in [line for line in table.splitlines() if line.startswith("| ")][1:]:
+        cell = NOT_FIGURES.sub(" ", line.split("|")[2])
+        loose += [
+            f"{n} ({line[:40]})"
+            for n in NUMBER.findall(cell)
+            if n.replace(",", "").lstrip("+") not in computed
+        ]
+    assert not loose, f"README.md's Results table quotes figures no test computes: {loose}"
