@@ -888,6 +888,65 @@ def masks_readme() -> str:
     return f"the fast masks against torch's, fp32: {f1.split('paired **')[1].rstrip('*')}"
 
 
+def memory_table() -> str:
+    """docs/models.md's peak memory with gradient checkpointing off and on (bench.memory)."""
+    peak = {
+        (r["model"], r["batch"], r["checkpointing"]): r["peak_gib"]
+        for r in results("memory-cpu.json")["rows"]
+    }
+    lines = []
+    for model, shown in (("base", "BERT-base"), ("large", "BERT-large")):
+        for batch in (1, 2):
+            off, on = peak[model, batch, False], peak[model, batch, True]
+            lines.append(f"| {shown} | {batch} | {off:.2f} GiB | {on:.2f} GiB | {on / off:.2f}x |")
+    return "\n".join(lines)
+
+
+def batching_pairs() -> tuple[str, str, str]:
+    """docs/batching.md's paired differences against the standard recipe (padded), the per-seed
+    spread of padded against random, and what the intervals rule out."""
+    from bench import batching
+
+    rows = results("batching.json")["rows"]
+
+    def diff(arm: str, baseline: str) -> dict[str, Any]:
+        return study.summary(rows, batching.cell(arm), batching.cell(baseline))["diff"]
+
+    labels = {"sorted/8": "sorted", "random/8": "random", "buckets/64": "buckets /64"}
+    shown = ", ".join(f"{label} {study.fmt_diff(diff(arm, 'padded'))}" for arm, label in labels.items())
+    padded, random_ = (study.by_seed(rows, batching.cell(arm)) for arm in ("padded", "random/8"))
+    spread = [padded[seed] - random_[seed] for seed in padded]
+    random_cost, padded_cost = (-diff("sorted/8", baseline)["lo"] for baseline in ("random/8", "padded"))
+    rule_out = (
+        f"the intervals rule out a cost above {random_cost:.1f} points against random batches "
+        f"({padded_cost:.1f} against padding)"
+    )
+    return (
+        f"Against padded, the standard recipe: {shown}",
+        f"per seed they differ by {min(spread):+.1f} to {max(spread):+.1f} F1",
+        rule_out,
+    )
+
+
+def batching_tokens() -> tuple[str, str, str]:
+    """docs/batching.md's tokens computed per arm against padding, from each arm's padding share
+    (here and at full size): (1 - padded's share) / (1 - the arm's)."""
+    arms = results("batching.json")["stats"]["arms"]
+
+    def fewer(arm: str, full: bool) -> float:
+        key = "full_size_padding_share" if full else "padding_share"
+        return (1 - arms[arm][key]) / (1 - arms["padded"][key])
+
+    return (
+        f"buckets /64 computes {fewer('buckets/64', False):.2f}x fewer tokens than padded, sorted "
+        f"{fewer('sorted/8', False):.2f}x",
+        f"At full size (384 tokens) the token ratios are buckets /64 {fewer('buckets/64', True):.1f}x, "
+        f"sorted {fewer('sorted/8', True):.1f}x",
+        f"it also computes {fewer('sorted/8', True):.1f}x fewer tokens than padding, against "
+        f"{fewer('buckets/64', True):.1f}x for buckets /64",
+    )
+
+
 def lr_scaling_reference() -> str:
     """docs/results.md's learning-rate row: 1x's mean F1, the reference of the paired differences."""
     from bench import lr_scaling
@@ -979,6 +1038,13 @@ FIGURES = [
     Figure("docs/results.md", "the batching study in one line", batching_results_row),
     Figure("docs/results.md", "the learning-rate study in one line", lr_scaling_results_row),
     Figure("README.md", "the fast dropout masks against torch's", masks_readme),
+    Figure("docs/models.md", "peak memory with gradient checkpointing off and on", memory_table),
+    Figure("docs/batching.md", "against the standard recipe, paired", lambda: batching_pairs()[0]),
+    Figure("docs/batching.md", "padded against random, seed by seed", lambda: batching_pairs()[1]),
+    Figure("docs/batching.md", "what the intervals rule out", lambda: batching_pairs()[2]),
+    Figure("docs/batching.md", "tokens computed against padding", lambda: batching_tokens()[0]),
+    Figure("docs/batching.md", "tokens at full size", lambda: batching_tokens()[1]),
+    Figure("docs/batching.md", "tokens at full size, the default's reason", lambda: batching_tokens()[2]),
 ]
 
 
@@ -1056,15 +1122,21 @@ def test_every_row_of_the_results_page_names_its_results_file_or_says_it_has_non
     assert not problems, f"docs/results.md rows naming no results file: {problems}"
 
 
-NUMBER = re.compile(r"(?<![\w.])[-+]?\d[\d,]*(?:\.\d+)?")
-# What a result cell holds that is not a measurement: code, links, the files' names, seeds.
+NUMBER = re.compile(r"(?<![\w.])[-+]?\d+(?:,\d{3})*(?:\.\d+)?")
+# What a result cell holds that is not a measurement: code, links, the files' names, seeds,
+# settings written as powers of ten (1.5e-5).
 NOT_FIGURES = re.compile(
     r"`[^`]*`|\[[^\]]*\]\([^)]*\)|(?:bench/results|docs)/[\w./*-]+|seeds? \d+(?:-\d+)?|seed-\d+"
+    r"|\b\d+(?:\.\d+)?e-?\d+\b"
+    r"|(?<![\d.,])\d+(?:,\d{3})*(?: |-)(?:tokens?|questions?|(?:training )?windows)\b"
 )
 # Settings a result cell names beside its figures: (the file, the setting as the cell writes it).
 SETTINGS_IN_RESULTS = {
     ("features-amx.json", "batches of 1,000"),  # the transformers examples' map() batch size
     ("aggregation-accuracy-cpu.json", "beta2 0.999"),  # RAdam's default second-moment decay
+    ("docs/models.md", "514 positions, 512 usable"),  # roberta-base's config
+    ("docs/batching.md", "at least 2.5x as fast"),  # the rule a new default was held to
+    ("docs/batching.md", "the 2.5x over `padded` asked"),
 }
 
 
@@ -1083,6 +1155,13 @@ def numbers_in(data: Any) -> list[float]:
     return []
 
 
+def file_values(paths: list[Any]) -> list[float]:
+    """The numbers of the JSON and text results files among `paths`."""
+    data = [json.loads(p.read_text()) if p.suffix == ".json" else p.read_text() for p in paths
+            if p.suffix in (".json", ".txt")]  # fmt: skip
+    return numbers_in(data)
+
+
 def held(quoted: str, values: list[float]) -> bool:
     """`quoted` is one of `values` as the docs write it: rounded to its decimals, as it is or as a
     percentage or seconds written as minutes."""
@@ -1095,7 +1174,7 @@ def held(quoted: str, values: list[float]) -> bool:
 def quoted_numbers(document: str) -> set[str]:
     """The numbers FIGURES compute and find quoted in `document`."""
     quoted = " ".join(" ".join(f.quoted().split()) for f in FIGURES if f.document == document)
-    return {n.replace(",", "").lstrip("+") for n in NUMBER.findall(quoted)}
+    return {n.replace(",", "").lstrip("+-") for n in NUMBER.findall(quoted)}
 
 
 def test_every_number_of_a_results_row_is_in_its_file_or_computed_from_it() -> None:
@@ -1115,14 +1194,13 @@ def test_every_number_of_a_results_row_is_in_its_file_or_computed_from_it() -> N
             files = [p for p in files if p.suffix in (".json", ".txt")]
             if not files:
                 continue
-            values = [x for p in files for x in numbers_in(json.loads(p.read_text()) if p.suffix == ".json"
-                                                             else p.read_text())]  # fmt: skip
+            values = file_values(files)
             cell = line.rstrip().rstrip("|").rsplit("|", 1)[-1]
             for setting in settings:
                 cell = cell.replace(setting, " ")
             cell = NOT_FIGURES.sub(" ", cell)
             for quoted in NUMBER.findall(cell):
-                if not held(quoted, values) and quoted.replace(",", "").lstrip("+") not in computed:
+                if not held(quoted, values) and quoted.replace(",", "").lstrip("+-") not in computed:
                     loose.append(f"{quoted} in {cell.strip()[:70]!r} ({files[0].name})")
     assert not loose, (
         "docs/results.md figures neither in their results file nor computed from it:\n" + "\n".join(loose)
@@ -1141,6 +1219,37 @@ def test_every_number_of_the_readmes_results_table_is_computed_from_a_results_fi
         loose += [
             f"{n} ({line[:40]})"
             for n in NUMBER.findall(cell)
-            if n.replace(",", "").lstrip("+") not in computed
+            if n.replace(",", "").lstrip("+-") not in computed
         ]
     assert not loose, f"README.md's Results table quotes figures no test computes: {loose}"
+
+
+# Versions, dates and names with digits: not figures.
+NAMES_WITH_DIGITS = re.compile(
+    r"\b(?:Python|torch|transformers|NumPy|onnxruntime|ONNX Runtime|driver|Determined|nlp)\s+v?\d+(?:\.\d+)*"
+    r"(?:\+\w+)?|\d{4}-\d{2}-\d{2}|SQuAD v?[12]\.\d|v[12]\.\d|\d+\.\d+\.\d+"
+)
+# The pages whose every figure is checked against the results files their section names.
+CHECKED_PAGES = ["docs/models.md", "docs/batching.md"]
+
+
+@pytest.mark.parametrize("page", CHECKED_PAGES)
+def test_every_figure_of_a_page_is_in_its_sections_files_or_computed_from_them(page: str) -> None:
+    """Each figure of the page (a number with decimals, or of three digits or more) is a value of a
+    results file its section names, or is quoted on the page by one of FIGURES, which compute it."""
+    computed = quoted_numbers(page)
+    text = re.sub(r"```.*?```", " ", (ROOT / page).read_text(), flags=re.S)
+    loose = []
+    for section in re.split(r"(?m)^(?=#{2,3} )", text):
+        values = file_values([p for name in RESULTS_FILE.findall(section) for p in ROOT.glob(name)])
+        for block in re.split(r"\n\s*\n|\n(?=\|)|\n(?=- )", section):
+            block = " ".join(block.split())
+            for setting in (setting for where, setting in SETTINGS_IN_RESULTS if where == page):
+                block = block.replace(setting, " ")
+            for quoted in NUMBER.findall(NOT_FIGURES.sub(" ", NAMES_WITH_DIGITS.sub(" ", block))):
+                bare = quoted.replace(",", "").lstrip("+-")
+                if "." not in bare and len(bare) < 3:
+                    continue  # small counts: batch sizes, seeds, epochs
+                if bare not in computed and not held(quoted, values):
+                    loose.append(f"{quoted} in {' '.join(block.split())[:70]!r}")
+    assert not loose, f"{page}: figures neither in their section's files nor computed:\n" + "\n".join(loose)
