@@ -947,6 +947,75 @@ def batching_tokens() -> tuple[str, str, str]:
     )
 
 
+def squad2_page() -> tuple[str, str, str, str]:
+    """docs/squad2.md's prose figures: what v2 training and the tuned threshold add (one decimal),
+    the goal (abstaining + 5), and the time of the arm with more answerable questions per seed."""
+    from bench import squad2
+
+    rows = results("squad2-cpu.json")["rows"]
+    seeds = squad2.shared_seeds(rows, "v2", "v1.1-style")
+    v2, v1 = (squad2.column(rows, m, ("at_zero", "f1"), seeds) for m in ("v2", "v1.1-style"))
+    tuned = squad2.column(rows, "v2", ("at_tuned", "f1"), seeds)
+    recipes = results("squad2-recipes-amx.json")["rows"]
+    seconds = {(r["model"], r["seed"]): r["train_seconds"] for r in recipes}
+    ratios = [seconds[m, seed] / seconds["v2-3ep", seed] for m, seed in seconds if m == "v2-more-3ep"]
+    assert len(ratios) == 5  # "five seeds"
+    return (
+        f"gains {study.paired(v2, v1)['mean']:.1f} F1 over the same model without them",
+        f"it is worth {study.paired(tuned, v2)['mean']:+.1f} F1 for the v2 model",
+        f"answering nothing ({squad2.abstain_f1() + 5:.2f})",
+        f"(five seeds, {min(ratios):.2f}-{max(ratios):.2f}x the time per seed)",
+    )
+
+
+PRECISION_MEASURES = {
+    "best_f1 on Victoria": ("best_f1",),
+    "F1 at the threshold tuned on Sky": ("at_tuned", "f1"),
+    "F1 at threshold 0": ("at_zero", "f1"),
+}
+
+
+def signed(x: float) -> str:
+    """A per-seed difference as the docs write it: 0.00 without a sign."""
+    return f"{x:+.2f}" if round(x, 2) != 0 else "0.00"
+
+
+def squad2_precision_page() -> tuple[str, str, str]:
+    """docs/squad2.md's precision section: v2 trained in bf16 against fp32 per measure and seed,
+    the tuned threshold's miss, and the bf16 checkpoints through an fp32 forward pass."""
+    from bench import squad2
+
+    rows = results("squad2-cpu.json")["rows"]
+    seeds = squad2.shared_seeds(rows, "v2", "v2-bf16")
+    lines, per_seed = [], {}
+    for label, path in PRECISION_MEASURES.items():
+        fp32, bf16 = (squad2.column(rows, m, path, seeds) for m in ("v2", "v2-bf16"))
+        cells = [f"{m:.2f} ± {sd:.2f}" for m, sd in (study.mean_std(list(x.values())) for x in (fp32, bf16))]
+        diff = study.fmt_diff(study.paired(bf16, fp32))
+        shown = diff if label == "F1 at threshold 0" else f"**{diff}**"
+        per_seed[label] = [bf16[seed] - fp32[seed] for seed in sorted(seeds)]
+        each = ", ".join(signed(d) for d in per_seed[label])
+        lines.append(f"| {label} | {cells[0]} | {cells[1]} | {shown} | {each} |")
+    tuned_path = PRECISION_MEASURES["F1 at the threshold tuned on Sky"]
+    tuned = study.paired(*(squad2.column(rows, m, tuned_path, seeds) for m in ("v2-bf16", "v2")))
+    lost = sorted(-d for d in per_seed["F1 at the threshold tuned on Sky"] if abs(d) >= 0.5)
+    assert len(lost) == 2 and len(seeds) == 8, (lost, seeds)  # "two seeds of eight", "six moved less"
+    miss = (
+        f"misses it by {-tuned['lo'] - 1.5:.2f} (its interval reaches {tuned['lo']:.2f}): two seeds of eight "
+        f"lost {lost[0]:.1f}-{lost[-1]:.1f} F1 there and six moved less than 0.5"
+    )
+    forward = {}
+    for label in ("F1 at threshold 0", "F1 at the threshold tuned on Sky"):
+        path = PRECISION_MEASURES[label]
+        through_fp32 = squad2.column(rows, "v2-bf16", ("fp32_forward", *path))
+        forward[label] = study.fmt_diff(study.paired(through_fp32, squad2.column(rows, "v2-bf16", path)))
+    answered = (
+        f"F1 {forward['F1 at threshold 0']} at 0, {forward['F1 at the threshold tuned on Sky']} at the tuned "
+        "threshold"
+    )
+    return "\n".join(lines), miss, answered
+
+
 def lr_scaling_reference() -> str:
     """docs/results.md's learning-rate row: 1x's mean F1, the reference of the paired differences."""
     from bench import lr_scaling
@@ -1045,6 +1114,13 @@ FIGURES = [
     Figure("docs/batching.md", "tokens computed against padding", lambda: batching_tokens()[0]),
     Figure("docs/batching.md", "tokens at full size", lambda: batching_tokens()[1]),
     Figure("docs/batching.md", "tokens at full size, the default's reason", lambda: batching_tokens()[2]),
+    Figure("docs/squad2.md", "what v2 training adds", lambda: squad2_page()[0]),
+    Figure("docs/squad2.md", "what the tuned threshold adds", lambda: squad2_page()[1]),
+    Figure("docs/squad2.md", "the recipes' goal", lambda: squad2_page()[2]),
+    Figure("docs/squad2.md", "more answerable questions' time", lambda: squad2_page()[3]),
+    Figure("docs/squad2.md", "bf16 against fp32 on SQuAD 2.0", lambda: squad2_precision_page()[0]),
+    Figure("docs/squad2.md", "the tuned threshold's miss", lambda: squad2_precision_page()[1]),
+    Figure("docs/squad2.md", "bf16 checkpoints through fp32", lambda: squad2_precision_page()[2]),
 ]
 
 
@@ -1128,7 +1204,7 @@ NUMBER = re.compile(r"(?<![\w.])[-+]?\d+(?:,\d{3})*(?:\.\d+)?")
 NOT_FIGURES = re.compile(
     r"`[^`]*`|\[[^\]]*\]\([^)]*\)|(?:bench/results|docs)/[\w./*-]+|seeds? \d+(?:-\d+)?|seed-\d+"
     r"|\b\d+(?:\.\d+)?e-?\d+\b"
-    r"|(?<![\d.,])\d+(?:,\d{3})*(?: |-)(?:tokens?|questions?|(?:training )?windows)\b"
+    r"|(?<![\d.,])\d+(?:,\d{3})*(?: |-)(?:tokens?|questions?|(?:training )?windows|unanswerable|in all)\b"
 )
 # Settings a result cell names beside its figures: (the file, the setting as the cell writes it).
 SETTINGS_IN_RESULTS = {
@@ -1137,6 +1213,17 @@ SETTINGS_IN_RESULTS = {
     ("docs/models.md", "514 positions, 512 usable"),  # roberta-base's config
     ("docs/batching.md", "at least 2.5x as fast"),  # the rule a new default was held to
     ("docs/batching.md", "the 2.5x over `padded` asked"),
+    ("docs/squad2.md", "reports 0.0 where"),  # the official script's value
+    ("docs/squad2.md", "stride 128"),
+    ("docs/squad2.md", "within ±1.5 of zero"),  # the rule
+    ("docs/squad2.md", "a loss of about 1.5 F1"),
+    ("docs/squad2.md", "the 130 k training questions"),  # SQuAD 2.0's train set, as published
+    ("docs/squad2.md", "A 22.6 M-parameter model"),  # the embedded default (README's figure)
+    ("docs/development.md", "exit 143 on SIGTERM (130 instead)"),  # exit codes
+    ("docs/development.md", "(made 0755)"),  # a file mode
+    ("docs/development.md", "a module past 400 lines"),  # a layout rule
+    ("docs/development.md", "uses 600 s instead"),  # a timeout setting
+    ("docs/squad2.md", "810 more answerable questions"),  # Super_Bowl_50's, as published
 }
 
 
@@ -1230,7 +1317,7 @@ NAMES_WITH_DIGITS = re.compile(
     r"(?:\+\w+)?|\d{4}-\d{2}-\d{2}|SQuAD v?[12]\.\d|v[12]\.\d|\d+\.\d+\.\d+"
 )
 # The pages whose every figure is checked against the results files their section names.
-CHECKED_PAGES = ["docs/models.md", "docs/batching.md"]
+CHECKED_PAGES = ["docs/models.md", "docs/batching.md", "docs/squad2.md", "docs/development.md"]
 
 
 @pytest.mark.parametrize("page", CHECKED_PAGES)
