@@ -1016,6 +1016,23 @@ def squad2_precision_page() -> tuple[str, str, str]:
     return "\n".join(lines), miss, answered
 
 
+def gpu_page() -> tuple[str, str, str, str]:
+    """docs/gpu.md's prose figures: bf16 against TF32 at 12 and 64 per GPU, the projected SQuAD
+    v1.1 x 2 epochs (2 x 88.6k windows / seq/s), and the eager step's launches."""
+    b12, h200 = "throughput-h100-bf16-b12.json", "throughput-h200-bf16-b64-compile.json"
+    tf32_12, bf16_12 = seq_per_s(b12, "+ TF32 matmuls"), seq_per_s(b12, "+ bf16 autocast")
+    tf32_64, bf16_64 = seq_per_s(h200, "+ TF32 matmuls"), seq_per_s(h200, "+ bf16 autocast")
+    minutes = {rate: 2 * 88_600 / rate / 60 for rate in (tf32_12, bf16_64)}
+    launches = [r["launches_per_step"] for r in results("gpu-step-h100.json")["rows"] if not r["cuda_graphs"]]
+    return (
+        f"loses ({bf16_12 / tf32_12:.2f}x of TF32)",
+        f"(on the H200: {bf16_64:,.0f} vs TF32's {tf32_64:,.0f} seq/s, {bf16_64 / tf32_64:.2f}x)",
+        f"{minutes[tf32_12]:.1f} min at 12 per GPU with TF32 on the H100 (the `const.yaml` recipe), "
+        f"{minutes[bf16_64]:.1f} min at 64 per GPU with bf16 on the H200",
+        f"about {round(min(launches), -1):,.0f}-{round(max(launches), -1):,.0f} kernel launches per step",
+    )
+
+
 def lr_scaling_reference() -> str:
     """docs/results.md's learning-rate row: 1x's mean F1, the reference of the paired differences."""
     from bench import lr_scaling
@@ -1121,6 +1138,10 @@ FIGURES = [
     Figure("docs/squad2.md", "bf16 against fp32 on SQuAD 2.0", lambda: squad2_precision_page()[0]),
     Figure("docs/squad2.md", "the tuned threshold's miss", lambda: squad2_precision_page()[1]),
     Figure("docs/squad2.md", "bf16 checkpoints through fp32", lambda: squad2_precision_page()[2]),
+    Figure("docs/gpu.md", "bf16 against TF32 at 12 per GPU", lambda: gpu_page()[0]),
+    Figure("docs/gpu.md", "bf16 against TF32 at 64 per GPU", lambda: gpu_page()[1]),
+    Figure("docs/gpu.md", "the projections at 12 and 64 per GPU", lambda: gpu_page()[2]),
+    Figure("docs/gpu.md", "the eager step's launches", lambda: gpu_page()[3]),
 ]
 
 
@@ -1204,7 +1225,9 @@ NUMBER = re.compile(r"(?<![\w.])[-+]?\d+(?:,\d{3})*(?:\.\d+)?")
 NOT_FIGURES = re.compile(
     r"`[^`]*`|\[[^\]]*\]\([^)]*\)|(?:bench/results|docs)/[\w./*-]+|seeds? \d+(?:-\d+)?|seed-\d+"
     r"|\b\d+(?:\.\d+)?e-?\d+\b"
-    r"|(?<![\d.,])\d+(?:,\d{3})*(?: |-)(?:tokens?|questions?|(?:training )?windows|unanswerable|in all)\b"
+    r"|(?<![\d.,])\d+(?:,\d{3})*(?: |-)"
+    r"(?:tokens?|questions?|(?:training )?windows|unanswerable|in all|optimizer steps)\b"
+    r"|\b[\d.]+k windows\b"
 )
 # Settings a result cell names beside its figures: (the file, the setting as the cell writes it).
 SETTINGS_IN_RESULTS = {
@@ -1224,6 +1247,12 @@ SETTINGS_IN_RESULTS = {
     ("docs/development.md", "a module past 400 lines"),  # a layout rule
     ("docs/development.md", "uses 600 s instead"),  # a timeout setting
     ("docs/squad2.md", "810 more answerable questions"),  # Super_Bowl_50's, as published
+    ("docs/gpu.md", "989 TFLOP/s"),  # the H100's dense bf16 peak, as NVIDIA states it
+    ("docs/gpu.md", "Kaplan et al. 2020"),  # citations
+    ("docs/gpu.md", "section 2.1"),
+    ("docs/gpu.md", "Chowdhery et al. 2022"),
+    ("docs/gpu.md", "widths 64 and 256"),  # a test's settings
+    ("docs/gpu.md", "NVIDIA's 119 seq/s"),  # NVIDIA's published V100 figure
 }
 
 
@@ -1245,7 +1274,7 @@ def numbers_in(data: Any) -> list[float]:
 def file_values(paths: list[Any]) -> list[float]:
     """The numbers of the JSON and text results files among `paths`."""
     data = [json.loads(p.read_text()) if p.suffix == ".json" else p.read_text() for p in paths
-            if p.suffix in (".json", ".txt")]  # fmt: skip
+            if p.suffix in (".json", ".txt", ".log")]  # fmt: skip
     return numbers_in(data)
 
 
@@ -1317,7 +1346,7 @@ NAMES_WITH_DIGITS = re.compile(
     r"(?:\+\w+)?|\d{4}-\d{2}-\d{2}|SQuAD v?[12]\.\d|v[12]\.\d|\d+\.\d+\.\d+"
 )
 # The pages whose every figure is checked against the results files their section names.
-CHECKED_PAGES = ["docs/models.md", "docs/batching.md", "docs/squad2.md", "docs/development.md"]
+CHECKED_PAGES = ["docs/models.md", "docs/batching.md", "docs/squad2.md", "docs/development.md", "docs/gpu.md"]
 
 
 @pytest.mark.parametrize("page", CHECKED_PAGES)
