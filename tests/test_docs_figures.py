@@ -1033,6 +1033,64 @@ def gpu_page() -> tuple[str, str, str, str]:
     )
 
 
+def batch_cells(plan: dict[str, Any]) -> str:
+    return " | ".join(
+        str(plan[k]) for k in ("global_batch_size", "aggregation_frequency", "samples_per_optimizer_step")
+    )
+
+
+def readme_scale_table() -> str:
+    """The README's "Scale it" table: each YAML's dry run (slots, batch, aggregation, samples per
+    step, optimizer, resolved peak learning rate, optimizer steps) as the table writes it."""
+    import train
+    from extractive_qa.dry_run import dry_run
+
+    shown = {
+        "local.yaml": ("1 CPU", "{steps} (bundled text, 3 epochs)"),
+        "const.yaml": ("1 GPU", "{steps:,} (SQuAD v1.1, 2 epochs)"),
+        "distributed.yaml": ("8 GPUs", "{steps:,}"),
+        "multi_machine.yaml": ("16 GPUs", "{steps:,}"),
+    }
+    lines = []
+    for yaml, (slots, steps) in shown.items():
+        plan = dry_run(train.parse_args(["--config", str(ROOT / yaml), "--dry-run"]))
+        assert plan["slots"] == int(slots.split()[0])
+        optimizer = "AdamW" if plan["optimizer"] == "adamw" else f"RAdam (beta2 {plan['adam_betas'][1]:g})"
+        mantissa, exponent = f"{plan['learning_rate']:.2e}".split("e")
+        lr = f"{float(mantissa):g}e{int(exponent)}"
+        batch = batch_cells(plan)
+        shown_steps = steps.format(steps=plan["optimizer_steps"])
+        lines.append(f"| `{yaml}` | {slots} | {batch} | {optimizer} | {lr} | {shown_steps} |")
+    search = dry_run(train.parse_args(["--config", str(ROOT / "search.yaml"), "--dry-run"]))
+    batch = batch_cells(search)
+    lines.append(
+        f"| `search.yaml` | 1 per trial | {batch} | AdamW | searched | adaptive ASHA, up to "
+        f"{search['optimizer_steps']:,} |"
+    )
+    return "\n".join(lines)
+
+
+def checkpoint_sizes() -> str:
+    """The README's checkpoint sizes: 4 bytes per parameter, four copies (weights and AdamW's two
+    moments in Determined's state, the weights again in hf/), for MiniLM and BERT-base."""
+    import torch
+    from transformers import AutoConfig, AutoModelForQuestionAnswering, BertConfig
+
+    from extractive_qa.config.model_family import EMBEDDED_MODEL, resolve_pretrained
+
+    def parameters(config: Any) -> int:
+        with torch.device("meta"):  # the shapes only: no weights read
+            return sum(p.numel() for p in AutoModelForQuestionAnswering.from_config(config).parameters())
+
+    minilm = parameters(AutoConfig.from_pretrained(resolve_pretrained(EMBEDDED_MODEL)))
+    bert_base = parameters(BertConfig())  # BertConfig's defaults are bert-base's
+    return (
+        f"A MiniLM checkpoint holds each of its {minilm / 1e6:.1f} M parameters four times in fp32 -- the "
+        f"weights and AdamW's two moments in Determined's state ({3 * 4 * minilm / 1e6:.0f} MB), the weights "
+        f"again in `hf/` -- so BERT-base's {bert_base / 1e6:.1f} M take about {16 * bert_base / 1e9:.2f} GB"
+    )
+
+
 def lr_scaling_reference() -> str:
     """docs/results.md's learning-rate row: 1x's mean F1, the reference of the paired differences."""
     from bench import lr_scaling
@@ -1142,6 +1200,8 @@ FIGURES = [
     Figure("docs/gpu.md", "bf16 against TF32 at 64 per GPU", lambda: gpu_page()[1]),
     Figure("docs/gpu.md", "the projections at 12 and 64 per GPU", lambda: gpu_page()[2]),
     Figure("docs/gpu.md", "the eager step's launches", lambda: gpu_page()[3]),
+    Figure("README.md", "the YAMLs' plans, from their dry runs", readme_scale_table),
+    Figure("README.md", "a checkpoint's size", checkpoint_sizes),
 ]
 
 
@@ -1228,6 +1288,7 @@ NOT_FIGURES = re.compile(
     r"|(?<![\d.,])\d+(?:,\d{3})*(?: |-)"
     r"(?:tokens?|questions?|(?:training )?windows|unanswerable|in all|optimizer steps)\b"
     r"|\b[\d.]+k windows\b"
+    r"|\b\d+(?:\.\d+)? ?M(?:-parameter| parameters)\b"
 )
 # Settings a result cell names beside its figures: (the file, the setting as the cell writes it).
 SETTINGS_IN_RESULTS = {
@@ -1253,6 +1314,25 @@ SETTINGS_IN_RESULTS = {
     ("docs/gpu.md", "Chowdhery et al. 2022"),
     ("docs/gpu.md", "widths 64 and 256"),  # a test's settings
     ("docs/gpu.md", "NVIDIA's 119 seq/s"),  # NVIDIA's published V100 figure
+    ("README.md", "all 87,599 SQuAD v1.1 questions"),  # the published training set
+    ("README.md", "keep 400 or more"),  # the learning-rate study's floor, as a rule
+    ("README.md", "measured 88,600"),  # the official file's windows, counted by the dry run
+    ("README.md", "(exit 130; 143 for SIGTERM)"),  # exit codes
+    ("README.md", "above 65,536"),  # a config limit
+    ("README.md", "up to 1,000,000 characters"),  # a data limit
+    ("README.md", "Apache License 2.0"),
+    ("README.md", "Rajpurkar et al. 2016, 2018"),
+    ("docs/cluster.md", "384/128"),  # window and stride
+    ("docs/cluster.md", "batch 192"),
+    ("docs/cluster.md", "(384 samples per step)"),
+    ("docs/cluster.md", "roughly 400+"),
+    ("docs/cluster.md", "**625, 2500, 10000**"),  # search.yaml's ASHA rungs, from its config
+    ("docs/cluster.md", "**2500, 10000**"),
+    ("docs/cluster.md", "is 625 batches"),
+    ("docs/cluster.md", "With 2500 the first rung"),
+    ("docs/cluster.md", "at batch 2500"),
+    ("docs/cluster.md", "(100 batches)"),
+    ("docs/results.md", "all 87,599 SQuAD v1.1 questions"),
 }
 
 
@@ -1342,19 +1422,31 @@ def test_every_number_of_the_readmes_results_table_is_computed_from_a_results_fi
 
 # Versions, dates and names with digits: not figures.
 NAMES_WITH_DIGITS = re.compile(
-    r"\b(?:Python|torch|transformers|NumPy|onnxruntime|ONNX Runtime|driver|Determined|nlp)\s+v?\d+(?:\.\d+)*"
+    r"\b(?:Python|PyTorch|torch|transformers|NumPy|onnxruntime|ONNX Runtime|driver|Determined|nlp|CUDA|NCCL"
+    r"|Ubuntu|capability|NVIDIA's|image's|family|model)\s+(?:>=\s*)?v?\d+(?:\.\d+)*"
     r"(?:\+\w+)?|\d{4}-\d{2}-\d{2}|SQuAD v?[12]\.\d|v[12]\.\d|\d+\.\d+\.\d+"
 )
 # The pages whose every figure is checked against the results files their section names.
-CHECKED_PAGES = ["docs/models.md", "docs/batching.md", "docs/squad2.md", "docs/development.md", "docs/gpu.md"]
+CHECKED_PAGES = [
+    "docs/models.md",
+    "docs/batching.md",
+    "docs/squad2.md",
+    "docs/development.md",
+    "docs/gpu.md",
+    "docs/cluster.md",
+    "docs/results.md",
+    "README.md",
+]
 
 
 @pytest.mark.parametrize("page", CHECKED_PAGES)
 def test_every_figure_of_a_page_is_in_its_sections_files_or_computed_from_them(page: str) -> None:
     """Each figure of the page (a number with decimals, or of three digits or more) is a value of a
-    results file its section names, or is quoted on the page by one of FIGURES, which compute it."""
+    results file its section (or, for a summary citing other sections, the page) names, or is quoted
+    on the page by one of FIGURES, which compute it."""
     computed = quoted_numbers(page)
     text = re.sub(r"```.*?```", " ", (ROOT / page).read_text(), flags=re.S)
+    on_page = file_values([p for name in RESULTS_FILE.findall(text) for p in ROOT.glob(name)])
     loose = []
     for section in re.split(r"(?m)^(?=#{2,3} )", text):
         values = file_values([p for name in RESULTS_FILE.findall(section) for p in ROOT.glob(name)])
@@ -1366,6 +1458,6 @@ def test_every_figure_of_a_page_is_in_its_sections_files_or_computed_from_them(p
                 bare = quoted.replace(",", "").lstrip("+-")
                 if "." not in bare and len(bare) < 3:
                     continue  # small counts: batch sizes, seeds, epochs
-                if bare not in computed and not held(quoted, values):
+                if bare not in computed and not held(quoted, values) and not held(quoted, on_page):
                     loose.append(f"{quoted} in {' '.join(block.split())[:70]!r}")
     assert not loose, f"{page}: figures neither in their section's files nor computed:\n" + "\n".join(loose)
