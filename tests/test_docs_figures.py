@@ -1091,6 +1091,118 @@ def checkpoint_sizes() -> str:
     )
 
 
+def k80_model() -> tuple[str, str, str]:
+    """docs/scaling.md's check of the model against the published K80 figures: per-GPU efficiency
+    E = T_batch / (T_batch + T_comm / a) with a ring all-reduce of 4 bytes per parameter."""
+    rate = 2 * 88_600 / (7 * 3600)  # windows/s per K80: 2 epochs of SQuAD v1.1 in 7 h
+    size, t_batch = 110e6 * 4, 12 / rate  # BERT-base's gradient in bytes; 12 windows per GPU
+    links = [
+        ("8 K80, one machine, ~6 GB/s", 8, 6e9, "> 0.80"),
+        ("16 K80, two machines, 10 Gbit/s", 16, 1.25e9, "0.83"),
+        ("16 K80, two machines, 25 Gbit/s", 16, 3.125e9, ""),
+    ]
+    lines = []
+    for label, gpus, bandwidth, published in links:
+        t_comm = 2 * (gpus - 1) / gpus * size / bandwidth
+        efficiency = " | ".join(f"{t_batch / (t_batch + t_comm / a):.2f}" for a in (1, 2, 4, 8))
+        lines.append(f"| {label} | {t_comm:.2f} s | {efficiency} | {published} |")
+    return (
+        f"7 h / (16 * 0.83) = {7 * 60 / (16 * 0.83):.1f} min",
+        f"`r` = 2 * 88.6 k windows / 7 h = {rate:.1f} windows/s per K80; BERT-base P = 110 M, so S = "
+        f"{size / 1e6:.0f} MB. Assumed (the write-up does not give them): `b` = 12 windows per GPU "
+        f"(T_batch = {t_batch:.2f} s)",
+        "\n".join(lines),
+    )
+
+
+def aggregation_page() -> tuple[str, str, str, str]:
+    """docs/scaling.md's aggregation table (bench.aggregation_accuracy), RAdam's rectifier along a
+    run, and its schedule-weighted share over multi_machine.yaml's steps."""
+    from extractive_qa.trial.optimization import radam_rectifier, radam_step_share
+
+    rows = {
+        (r["aggregation_frequency"], r["optimizer"]): r
+        for r in results("aggregation-accuracy-cpu.json")["rows"]
+    }
+    lines = []
+    for a in (1, 2, 4, 8):
+        adamw, radam = rows[a, "adamw"], rows[a, "radam"]
+        shown = f"{adamw['exact_match']:.1f} / {adamw['f1']:.1f}"
+        lines.append(
+            f"| {a} | {adamw['samples_per_optimizer_step']} | {adamw['batches'] // a} | "
+            f"{f'**{shown}**' if a == 1 else shown} | {radam['exact_match']:.1f} / {radam['f1']:.1f} |"
+        )
+    at = {t: radam_rectifier(t, 0.999) for t in (51, 204, 461, 2000)}
+    zero = max(t for t in range(1, 20) if radam_rectifier(t, 0.999) == 0)
+    mean = {n: sum(radam_rectifier(t, 0.999) for t in range(1, n + 1)) / n for n in (51, 102, 204)}
+    rectifier = (
+        f"is 0 for the first {zero} steps (plain momentum then), {at[51]:.2f} at step 51, {at[204]:.2f} at "
+        f"step 204, {at[461]:.2f} at 461 and {at[2000]:.2f} at 2,000. Averaged over a run it is "
+        f"{mean[51]:.2f} (51 steps), {mean[102]:.2f} (102), {mean[204]:.2f} (204)"
+    )
+    steps = planned_steps("multi_machine.yaml")
+    warmup = round(0.1 * steps)
+    shares = sorted(radam_step_share(steps, w, 0.999) for w in (0, warmup))
+    share = f"averages {shares[0]:.2f}-{shares[1]:.2f} over those"
+    fix = (
+        f"(`adam_beta2: 0.95`: {radam_step_share(steps, warmup, 0.95):.2f}x with the 10 % warm-up kept, "
+        f"{radam_step_share(steps, 0, 0.95):.2f}x without)"
+    )
+    return "\n".join(lines), rectifier, share, fix
+
+
+def planned_steps(yaml: str, *overrides: str) -> int:
+    """A YAML's optimizer steps as its dry run counts them."""
+    import train
+    from extractive_qa.dry_run import dry_run
+
+    argv = ["--config", str(ROOT / yaml), "--dry-run", *(a for o in overrides for a in ("--set", o))]
+    return dry_run(train.parse_args(argv))["optimizer_steps"]
+
+
+def lr_study_page() -> tuple[str, str, str, str, str, str, str]:
+    """docs/scaling.md's learning-rate section beyond its table: RAdam's half-lr steps, AdamW's
+    three-seed means the RAdam and LAMB forms compare with, and what the shipped YAMLs' step
+    counts mean."""
+    from bench import lr_scaling
+    from extractive_qa.trial.optimization import radam_half_lr_step
+
+    rows = results("lr-scaling-cpu.json")["rows"]
+    ref, first3 = lr_scaling.reference_lr(rows, (42, 43, 44)), (42, 43, 44)
+    # "reaches half the lr after N steps": at step N + 1
+    half = {beta2: radam_half_lr_step(beta2) - 1 for beta2 in (0.999, 0.99, 0.95)}
+    on3 = {k: lr_scaling.mean_f1(rows, lr_scaling.cell("adamw", k, "sqrt" if k > 1 else "none", ref), first3)
+           for k in (1, 2, 8)}  # fmt: skip
+    eight = [
+        v
+        for seed, v in study.by_seed(rows, lr_scaling.cell("adamw", 8, "sqrt", ref)).items()
+        if seed in first3
+    ]
+    mean8, std8 = study.mean_std(eight)
+    steps = {y: planned_steps(y) for y in ("const.yaml", "distributed.yaml", "multi_machine.yaml")}
+    return (
+        f"whose rectifier reaches half the lr after {half[0.99]} steps instead of {half[0.999]}; and 0.95, "
+        f"after {half[0.95]}",
+        f"seeds 42-44, 1x {on3[1]:.2f}",
+        f"2.83e-4 ({mean8:.2f} ± {std8:.2f} on seeds 42-44)",
+        f"AdamW on those seeds: {on3[1]:.2f} at 1x, {on3[2]:.2f} at 2x",
+        f"against AdamW's {on3[8]:.2f} on those seeds",
+        f"the shipped YAMLs keep {steps['const.yaml']:,} / {steps['distributed.yaml']:,} / "
+        f"{steps['multi_machine.yaml']:,} optimizer steps (const / distributed / multi_machine)",
+        f"`multi_machine.yaml` at aggregation 8: "
+        f"{planned_steps('multi_machine.yaml', 'optimizations.aggregation_frequency=8')})",
+    )
+
+
+def multi_machine_inputs() -> str:
+    """docs/scaling.md's two-machine runs: the embedded model's parameters and gradient size."""
+    from bench import multi_machine
+
+    parameters = multi_machine.parameters()
+    gradient = 4 * parameters / 1e6
+    return f"MiniLM (P = {parameters:,} parameters, S = {gradient:.1f} MB of fp32 gradients per all-reduce)"
+
+
 def lr_scaling_reference() -> str:
     """docs/results.md's learning-rate row: 1x's mean F1, the reference of the paired differences."""
     from bench import lr_scaling
@@ -1202,6 +1314,21 @@ FIGURES = [
     Figure("docs/gpu.md", "the eager step's launches", lambda: gpu_page()[3]),
     Figure("README.md", "the YAMLs' plans, from their dry runs", readme_scale_table),
     Figure("README.md", "a checkpoint's size", checkpoint_sizes),
+    Figure("docs/scaling.md", "the published figures, consistent", lambda: k80_model()[0]),
+    Figure("docs/scaling.md", "the model's inputs for a K80", lambda: k80_model()[1]),
+    Figure("docs/scaling.md", "the model against the published K80 figures", lambda: k80_model()[2]),
+    Figure("docs/scaling.md", "F1 against aggregation frequency", lambda: aggregation_page()[0]),
+    Figure("docs/scaling.md", "RAdam's rectifier along a run", lambda: aggregation_page()[1]),
+    Figure("docs/scaling.md", "RAdam's share over multi_machine.yaml's steps", lambda: aggregation_page()[2]),
+    Figure("docs/scaling.md", "RAdam's share with beta2 0.95", lambda: aggregation_page()[3]),
+    Figure("docs/scaling.md", "RAdam's half-lr steps per beta2", lambda: lr_study_page()[0]),
+    Figure("docs/scaling.md", "AdamW at 1x on seeds 42-44", lambda: lr_study_page()[1]),
+    Figure("docs/scaling.md", "AdamW at 8x on seeds 42-44", lambda: lr_study_page()[2]),
+    Figure("docs/scaling.md", "AdamW on the RAdam forms' seeds", lambda: lr_study_page()[3]),
+    Figure("docs/scaling.md", "AdamW at 8x against LAMB", lambda: lr_study_page()[4]),
+    Figure("docs/scaling.md", "the shipped YAMLs' step counts", lambda: lr_study_page()[5]),
+    Figure("docs/scaling.md", "multi_machine.yaml at aggregation 8", lambda: lr_study_page()[6]),
+    Figure("docs/scaling.md", "the two-machine runs' model", multi_machine_inputs),
 ]
 
 
@@ -1333,6 +1460,12 @@ SETTINGS_IN_RESULTS = {
     ("docs/cluster.md", "at batch 2500"),
     ("docs/cluster.md", "(100 batches)"),
     ("docs/results.md", "all 87,599 SQuAD v1.1 questions"),
+    ("docs/scaling.md", "is 192 at `a = 1`, 384 at 2, 768 at 4 and 1536 at 8"),  # products of settings
+    ("docs/scaling.md", "88,600 x 2 / 384"),
+    ("docs/scaling.md", "Devlin et al. 2019"),
+    ("docs/scaling.md", "Malladi et al. 2022"),
+    ("docs/scaling.md", "8 GPUs x 32 = 256 samples per step"),  # published recipes
+    ("docs/scaling.md", "from 5e-5 at 48 to 2e-4 at 256"),
 }
 
 
@@ -1353,18 +1486,24 @@ def numbers_in(data: Any) -> list[float]:
 
 def file_values(paths: list[Any]) -> list[float]:
     """The numbers of the JSON and text results files among `paths`."""
-    data = [json.loads(p.read_text()) if p.suffix == ".json" else p.read_text() for p in paths
-            if p.suffix in (".json", ".txt", ".log")]  # fmt: skip
+    # A report a bench wrote (bench/results/*.md, docs/multi-machine/report.md) is a results file;
+    # a page of docs/ is not.
+    kept = [
+        p
+        for p in paths
+        if p.suffix in (".json", ".txt", ".log") or (p.suffix == ".md" and p.parent.name != "docs")
+    ]
+    data = [json.loads(p.read_text()) if p.suffix == ".json" else p.read_text() for p in kept]
     return numbers_in(data)
 
 
 def held(quoted: str, values: list[float]) -> bool:
-    """`quoted` is one of `values` as the docs write it: rounded to its decimals, as it is or as a
-    percentage or seconds written as minutes."""
+    """`quoted` is one of `values` as the docs write it: rounded to its decimals, as it is, as a
+    percentage, seconds written as milliseconds or as minutes."""
     text = quoted.replace(",", "").lstrip("+")
     decimals = len(text.split(".")[1]) if "." in text else 0
     x, half = abs(float(text)), 0.5 * 10**-decimals + 1e-9
-    return any(abs(abs(c) - x) <= half for v in values for c in (v, 100 * v, v / 60))
+    return any(abs(abs(c) - x) <= half for v in values for c in (v, 100 * v, 1000 * v, v / 60))
 
 
 def quoted_numbers(document: str) -> set[str]:
@@ -1426,17 +1565,8 @@ NAMES_WITH_DIGITS = re.compile(
     r"|Ubuntu|capability|NVIDIA's|image's|family|model)\s+(?:>=\s*)?v?\d+(?:\.\d+)*"
     r"(?:\+\w+)?|\d{4}-\d{2}-\d{2}|SQuAD v?[12]\.\d|v[12]\.\d|\d+\.\d+\.\d+"
 )
-# The pages whose every figure is checked against the results files their section names.
-CHECKED_PAGES = [
-    "docs/models.md",
-    "docs/batching.md",
-    "docs/squad2.md",
-    "docs/development.md",
-    "docs/gpu.md",
-    "docs/cluster.md",
-    "docs/results.md",
-    "README.md",
-]
+# Every page: the README and docs/*.md.
+CHECKED_PAGES = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]
 
 
 @pytest.mark.parametrize("page", CHECKED_PAGES)
@@ -1461,3 +1591,13 @@ def test_every_figure_of_a_page_is_in_its_sections_files_or_computed_from_them(p
                 if bare not in computed and not held(quoted, values) and not held(quoted, on_page):
                     loose.append(f"{quoted} in {' '.join(block.split())[:70]!r}")
     assert not loose, f"{page}: figures neither in their section's files nor computed:\n" + "\n".join(loose)
+
+
+def test_the_learning_rate_studys_report_file_is_its_results_files_report() -> None:
+    """bench/results/lr-scaling-cpu.md, which docs/scaling.md quotes, is what `bench.lr_scaling
+    report` prints from bench/results/lr-scaling-cpu.json today."""
+    from bench import lr_scaling
+
+    printed = lr_scaling.report(results("lr-scaling-cpu.json"), None, (42, 43, 44, 45, 46))
+    kept = (RESULTS / "lr-scaling-cpu.md").read_text().replace("\nplot: bench/results/lr-scaling-cpu.png", "")
+    assert kept.strip() == printed.strip()
