@@ -84,6 +84,12 @@ def main() -> int:
     parser.add_argument("--json", type=Path)
     parser.add_argument("--profiling", action="store_true", help="compare profiler on vs off instead")
     args = parser.parse_args()
+    if args.batches < 0:
+        print(
+            f"error: --batches {args.batches}: a number of batches, or 0 for local.yaml's own length",
+            file=sys.stderr,
+        )
+        return 2
     why = det_cluster.supported()
     if why:
         print(f"error: cannot emulate cluster containers here: {why}", file=sys.stderr)

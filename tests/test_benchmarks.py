@@ -286,3 +286,8 @@ def test_cluster_path_runs_local_yamls_own_length_or_the_batches_asked(tmp_path:
     assert whole["hyperparameters"]["train_length"] == own
     assert short["hyperparameters"]["train_length"] == {"type": "const", "val": {"batches": 20}}
     assert whole["resources"]["slots_per_trial"] == short["resources"]["slots_per_trial"] == 2
+
+
+def test_cluster_path_refuses_a_negative_batch_count_before_any_work() -> None:
+    done = completed(["-m", "bench.cluster_path", "--batches", "-3"])
+    assert done.returncode == 2 and "--batches -3" in done.stderr, done.stderr
