@@ -1418,7 +1418,8 @@ NOT_FIGURES = re.compile(
     r"|\b[\d.]+k windows\b"
     r"|\b\d+(?:\.\d+)? ?M(?:-parameter| parameters)\b"
 )
-# Settings a result cell names beside its figures: (the file, the setting as the cell writes it).
+# Numbers written beside the figures that are not measurements -- settings, limits, published
+# counts and citations -- as (where: a results file for a docs/results.md row, or a page; the text).
 SETTINGS_IN_RESULTS = {
     ("features-amx.json", "batches of 1,000"),  # the transformers examples' map() batch size
     ("aggregation-accuracy-cpu.json", "beta2 0.999"),  # RAdam's default second-moment decay
