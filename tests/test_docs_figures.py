@@ -261,6 +261,14 @@ def ci_fresh_clone() -> str:
     )
 
 
+def f1_and_em(summary: dict[str, Any]) -> str:
+    """A study arm as docs/results.md writes it: bold F1 mean ± std, then EM mean ± std."""
+    return (
+        f"**{summary['f1_mean']:.2f} ± {summary['f1_std']:.2f}** "
+        f"(EM {summary['em_mean']:.2f} ± {summary['em_std']:.2f})"
+    )
+
+
 def amx_fast_masks_table() -> str:
     """docs/results.md's rows for the same study: F1 and EM over the seeds, the paired difference,
     the mean training times and the per-seed time ratios."""
@@ -269,8 +277,7 @@ def amx_fast_masks_table() -> str:
     seconds = {p: study.mean_std([r["train_seconds"] for r in rows if r["precision"] == p])[0] for p in s}
     ratios = [row(AMX_FAST, seed=r["seed"], precision="bf16")["train_seconds"] / r["train_seconds"]
               for r in rows if r["precision"] == "fp32"]  # fmt: skip
-    f1_em = {p: f"**{v['f1_mean']:.2f} ± {v['f1_std']:.2f}** (EM {v['em_mean']:.2f} ± {v['em_std']:.2f})"
-             for p, v in s.items()}  # fmt: skip
+    f1_em = {p: f1_and_em(v) for p, v in s.items()}
     mean, std = study.mean_std(ratios)
     return (
         f"bf16 {f1_em['bf16']}, fp32 {f1_em['fp32']}; paired bf16 - fp32 "
@@ -503,18 +510,22 @@ def results_ci_row() -> str:
     )
 
 
-def embedded_default_size() -> str:
-    """The README's "why not 88": the embedded model's parameters and the bundled training questions."""
+def parameter_count(config: Any = None) -> int:
+    """An AutoModelForQuestionAnswering's parameters from its config alone (meta device: no weights
+    read); the embedded MiniLM's when no config is given."""
     import torch
     from transformers import AutoConfig, AutoModelForQuestionAnswering
 
     from extractive_qa.config.model_family import EMBEDDED_MODEL, resolve_pretrained
 
-    with torch.device("meta"):  # the shapes only: no weights read
-        model = AutoModelForQuestionAnswering.from_config(
-            AutoConfig.from_pretrained(resolve_pretrained(EMBEDDED_MODEL))
-        )
-    parameters = sum(p.numel() for p in model.parameters())
+    config = config or AutoConfig.from_pretrained(resolve_pretrained(EMBEDDED_MODEL))
+    with torch.device("meta"):
+        return sum(p.numel() for p in AutoModelForQuestionAnswering.from_config(config).parameters())
+
+
+def embedded_default_size() -> str:
+    """The README's "why not 88": the embedded model's parameters and the bundled training questions."""
+    parameters = parameter_count()
     train = json.loads((ROOT / "squad_data" / "local-train-v1.1.json").read_text())["data"]
     questions = sum(len(p["qas"]) for a in train for p in a["paragraphs"])
     return f"a {parameters / 1e6:.1f} M-parameter MiniLM on {questions} questions"
@@ -692,8 +703,7 @@ def precision_f1(name: str) -> str:
     """docs/results.md's F1 row of a precision study: F1 and EM per precision, the paired difference."""
     rows = results(name)["rows"]
     s = {p: study.summary(rows, {"precision": p}, {"precision": "fp32"}) for p in ("fp32", "bf16")}
-    cell = {p: f"**{v['f1_mean']:.2f} ± {v['f1_std']:.2f}** (EM {v['em_mean']:.2f} ± {v['em_std']:.2f})"
-            for p, v in s.items()}  # fmt: skip
+    cell = {p: f1_and_em(v) for p, v in s.items()}
     diff = study.fmt_diff(s["bf16"]["diff"])
     return f"fp32 {cell['fp32']}, bf16 {cell['bf16']}; paired bf16 - fp32 **{diff}**"
 
@@ -807,8 +817,7 @@ def masks_study() -> tuple[str, str]:
     s = {m: study.summary(rows, {"masks": m}, {"masks": "torch"}) for m in ("fast", "torch")}
     fast, torch_ = (study.by_seed(rows, {"masks": m}) for m in ("fast", "torch"))
     per_seed = ", ".join(f"{fast[seed] - torch_[seed]:+.2f}" for seed in sorted(fast))
-    cell = {m: f"**{v['f1_mean']:.2f} ± {v['f1_std']:.2f}** (EM {v['em_mean']:.2f} ± {v['em_std']:.2f})"
-            for m, v in s.items()}  # fmt: skip
+    cell = {m: f1_and_em(v) for m, v in s.items()}
     f1 = (
         f"fast {cell['fast']}, torch {cell['torch']}; per seed fast - torch {per_seed}: paired "
         f"**{study.fmt_diff(s['fast']['diff'])}**"
@@ -1033,6 +1042,16 @@ def gpu_page() -> tuple[str, str, str, str]:
     )
 
 
+@cache
+def plan_of(yaml: str, *overrides: str) -> dict[str, Any]:
+    """A YAML's dry run (train.py --dry-run, with --set overrides), once per test session."""
+    import train
+    from extractive_qa.dry_run import dry_run
+
+    argv = ["--config", str(ROOT / yaml), "--dry-run", *(a for o in overrides for a in ("--set", o))]
+    return dry_run(train.parse_args(argv))
+
+
 def batch_cells(plan: dict[str, Any]) -> str:
     return " | ".join(
         str(plan[k]) for k in ("global_batch_size", "aggregation_frequency", "samples_per_optimizer_step")
@@ -1042,9 +1061,6 @@ def batch_cells(plan: dict[str, Any]) -> str:
 def readme_scale_table() -> str:
     """The README's "Scale it" table: each YAML's dry run (slots, batch, aggregation, samples per
     step, optimizer, resolved peak learning rate, optimizer steps) as the table writes it."""
-    import train
-    from extractive_qa.dry_run import dry_run
-
     shown = {
         "local.yaml": ("1 CPU", "{steps} (bundled text, 3 epochs)"),
         "const.yaml": ("1 GPU", "{steps:,} (SQuAD v1.1, 2 epochs)"),
@@ -1053,7 +1069,7 @@ def readme_scale_table() -> str:
     }
     lines = []
     for yaml, (slots, steps) in shown.items():
-        plan = dry_run(train.parse_args(["--config", str(ROOT / yaml), "--dry-run"]))
+        plan = plan_of(yaml)
         assert plan["slots"] == int(slots.split()[0])
         optimizer = "AdamW" if plan["optimizer"] == "adamw" else f"RAdam (beta2 {plan['adam_betas'][1]:g})"
         mantissa, exponent = f"{plan['learning_rate']:.2e}".split("e")
@@ -1061,7 +1077,7 @@ def readme_scale_table() -> str:
         batch = batch_cells(plan)
         shown_steps = steps.format(steps=plan["optimizer_steps"])
         lines.append(f"| `{yaml}` | {slots} | {batch} | {optimizer} | {lr} | {shown_steps} |")
-    search = dry_run(train.parse_args(["--config", str(ROOT / "search.yaml"), "--dry-run"]))
+    search = plan_of("search.yaml")
     batch = batch_cells(search)
     lines.append(
         f"| `search.yaml` | 1 per trial | {batch} | AdamW | searched | adaptive ASHA, up to "
@@ -1075,17 +1091,9 @@ def checkpoint_sizes() -> str:
     two moments in Determined's state, the weights again in hf/), MiniLM and BERT-base. The MiniLM
     checkpoint's sizes on disk are measured on the first command's checkpoint by
     tests/test_readme.py (assert_checkpoint_size_as_quoted)."""
-    import torch
-    from transformers import AutoConfig, AutoModelForQuestionAnswering, BertConfig
+    from transformers import BertConfig
 
-    from extractive_qa.config.model_family import EMBEDDED_MODEL, resolve_pretrained
-
-    def parameters(config: Any) -> int:
-        with torch.device("meta"):  # the shapes only: no weights read
-            return sum(p.numel() for p in AutoModelForQuestionAnswering.from_config(config).parameters())
-
-    minilm = parameters(AutoConfig.from_pretrained(resolve_pretrained(EMBEDDED_MODEL)))
-    bert_base = parameters(BertConfig())  # BertConfig's defaults are bert-base's
+    minilm, bert_base = parameter_count(), parameter_count(BertConfig())  # BertConfig's defaults: bert-base
     return (
         f"each of its {minilm / 1e6:.1f} M parameters is stored four times in fp32, so BERT-base's "
         f"{bert_base / 1e6:.1f} M take about {16 * bert_base / 1e9:.2f} GB"
@@ -1154,11 +1162,7 @@ def aggregation_page() -> tuple[str, str, str, str]:
 
 def planned_steps(yaml: str, *overrides: str) -> int:
     """A YAML's optimizer steps as its dry run counts them."""
-    import train
-    from extractive_qa.dry_run import dry_run
-
-    argv = ["--config", str(ROOT / yaml), "--dry-run", *(a for o in overrides for a in ("--set", o))]
-    return dry_run(train.parse_args(argv))["optimizer_steps"]
+    return plan_of(yaml, *overrides)["optimizer_steps"]
 
 
 def lr_study_page() -> tuple[str, str, str, str, str, str, str]:
