@@ -4,7 +4,6 @@ Determined master through the SDK, or local torchrun processes -- that produce t
 from __future__ import annotations
 
 import copy
-import json
 import os
 import re
 import subprocess
@@ -14,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from extractive_qa import det_internals
+from extractive_qa import det_internals, reading
 from extractive_qa.config import experiment
 from extractive_qa.config.settings import Hyperparameters
 from extractive_qa.errors import ScalingError
@@ -168,7 +167,8 @@ def run_local(series: Sequence[Variant], batches: int, out: Path) -> list[RunInp
             optimizer=v.optimizer,
         )
         if proc.returncode != 0 or not metrics.is_file():
-            lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+            text = reading.read_bytes(log, reading.DATA).decode("utf-8", "replace")
+            lines = [ln for ln in text.splitlines() if ln.strip()]
             last = next((ln for ln in reversed(lines) if "rror" in ln), lines[-1] if lines else "")
             runs.append(
                 RunInputs(
@@ -181,7 +181,7 @@ def run_local(series: Sequence[Variant], batches: int, out: Path) -> list[RunInp
                 )
             )
             continue
-        runs.append(from_series(v.name, json.loads(metrics.read_text()), **common))
+        runs.append(from_series(v.name, reading.read_json_object(metrics, reading.DATA), **common))
     return runs
 
 

@@ -33,7 +33,7 @@ def test_the_scoring_cli_warns_per_missing_id_and_refuses_foreign_predictions(tm
     odds.write_text(json.dumps({i: (float("nan") if n == 0 else 0.5) for n, i in enumerate(v2_ids)}))
     metric = ["-m", "extractive_qa.qa.squad_metric"]
     code, out, err = run_main([*metric, str(DEV_V2), str(half), "--na-prob-file", str(odds)])
-    assert code == 2 and "not finite numbers" in err and out == ""
+    assert code == 2 and "not a finite number" in err and out == ""
 
 
 def test_predict_checks_its_inputs_and_outputs_before_any_work(trained, tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from tests.support.project import ROOT
 PACKAGE = ROOT / "extractive_qa"
 ENTRY_SCRIPTS = {p.stem for p in ROOT.glob("*.py")}
 # The stages in the order a run goes through them; the base serves them all.
-BASE = ("errors", "cli", "det_internals", "files", "compat")
+BASE = ("errors", "reading", "cli", "det_internals", "files", "compat")
 STAGES = ("config", "data", "qa", "launch", "trial", "serve")
 TOP = ("dry_run", "scaling_runs")
 # Past this, a module says in its docstring why it is still one idea ("One idea: ...").

@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from extractive_qa import det_internals
+from extractive_qa import det_internals, reading
 from extractive_qa.config.schema import SEARCHER_KEYS, SECTION_KEYS, TOP_LEVEL_KEYS, check_config
 from extractive_qa.config.settings import DataSettings, Hyperparameters, settings_help
 from extractive_qa.errors import ConfigError
@@ -63,11 +63,9 @@ def parse_yaml(text: str) -> Any:
 def load_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     try:
-        doc = parse_yaml(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
+        doc = parse_yaml(reading.read_text(path, reading.CONFIG))
+    except reading.MissingFile:
         raise ConfigError(f"{path}: no such config file.") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise ConfigError(f"{path}: cannot read ({err}).") from None
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: not valid YAML ({err}).") from None
     except RecursionError:

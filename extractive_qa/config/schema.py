@@ -13,6 +13,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from extractive_qa import reading
 from extractive_qa.config.model_family import resolve_pretrained
 from extractive_qa.errors import ConfigError
 
@@ -222,12 +223,10 @@ def model_position_limit(pretrained: str) -> int | None:
     config = path / "config.json"
     if not config.is_file():
         return None  # a hub name not downloaded yet: checked when the model loads
-    import json
-
     try:
-        raw = json.loads(config.read_text())
-    except (OSError, ValueError) as err:
-        raise ConfigError(f"data.pretrained_model: {config} is not readable JSON ({err}).") from None
+        raw = reading.read_json_object(config, reading.MODEL_FILE)
+    except reading.UnreadableFile as err:
+        raise ConfigError(f"data.pretrained_model: {err}") from None
     if raw.get("position_biased_input") is False:  # DeBERTa-v2/v3: relative positions only
         return None
     limit = raw.get("max_position_embeddings")

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from extractive_qa import reading
 from extractive_qa.config.settings import WindowSpec
 from extractive_qa.data.features import Features, build_features, tokenizer_fingerprint
 from extractive_qa.data.squad_files import SquadSet
@@ -29,7 +30,7 @@ FEATURES_VERSION = "4"
 
 def file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
-    with path.open("rb") as f:
+    with reading.open_regular(path, reading.DATA, follow_links=False) as f:
         for block in iter(lambda: f.read(1 << 22), b""):
             digest.update(block)
     return digest.hexdigest()
@@ -89,14 +90,25 @@ def cache_damage(directory: Path) -> str | None:
     in place are too (cost: bench/cache_check.py, docs/results.md).
     """
     try:
-        meta = json.loads((directory / "meta.json").read_text())
-        arrays = meta["arrays"]
-    except (OSError, ValueError, KeyError) as err:
-        return f"meta.json unreadable or without array records ({err})"
+        meta = reading.read_json_object(directory / "meta.json", reading.RECORD, follow_links=False)
+    except reading.UnreadableFile as err:
+        return f"meta.json unreadable ({err})"
+    arrays = meta.get("arrays")
+    if (
+        not isinstance(arrays, dict)
+        or set(arrays) - set(Features.ARRAYS)
+        or not all(
+            isinstance(r, dict) and isinstance(r.get("shape"), list) and isinstance(r.get("dtype"), str)
+            for r in arrays.values()
+        )
+    ):
+        return "meta.json holds no array records of this cache's arrays"
+    if type(meta.get("cls_index")) is not int:
+        return "meta.json's cls_index is not an integer"
     for name, record in arrays.items():
         path = directory / f"{name}.npy"
         try:
-            with path.open("rb") as f:
+            with reading.open_regular(path, reading.DATA, follow_links=False) as f:
                 version = np.lib.format.read_magic(f)
                 read_header = (
                     np.lib.format.read_array_header_1_0
@@ -105,8 +117,8 @@ def cache_damage(directory: Path) -> str | None:
                 )
                 shape, _, dtype = read_header(f)  # (shape, fortran_order, dtype)
                 header = f.tell()
-            size = path.stat().st_size
-        except (OSError, ValueError) as err:
+                size = os.fstat(f.fileno()).st_size
+        except (OSError, ValueError, reading.UnreadableFile) as err:
             return f"{path.name}: unreadable ({err})"
         if list(shape) != record["shape"] or dtype.str != record["dtype"]:
             said = f"{record['shape']} {record['dtype']}"
@@ -120,7 +132,8 @@ def cache_damage(directory: Path) -> str | None:
 
 
 def load_features(directory: Path) -> Features:
-    meta = json.loads((directory / "meta.json").read_text())
+    """The arrays of a cache directory cache_damage found sound, mapped read-only."""
+    meta = reading.read_json_object(directory / "meta.json", reading.RECORD, follow_links=False)
     arrays = {
         name: np.load(directory / f"{name}.npy", mmap_mode="r", allow_pickle=False) for name in meta["arrays"]
     }

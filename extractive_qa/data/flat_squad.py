@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from extractive_qa import reading
 from extractive_qa.errors import DataError
 from extractive_qa.files import write_bytes_atomic, write_text_atomic
 
@@ -45,8 +46,8 @@ def is_flat_json(text: str) -> bool:
     if not rest.strip():
         return False
     try:
-        return is_flat_record(json.loads(first))
-    except (ValueError, RecursionError):
+        return is_flat_record(reading.parse_json(first, "first line"))
+    except reading.UnreadableFile:
         return False
 
 
@@ -58,10 +59,9 @@ def json_records(path: Path, text: str) -> Iterator[FlatRecord]:
     """The records of a JSON Lines file (blank lines skipped) or of a JSON array."""
     if text.lstrip().startswith("["):
         try:
-            records = json.loads(text)
-        except (ValueError, RecursionError) as err:
-            reason = str(err)[:200]
-            raise DataError(f"{path}: invalid or truncated JSON array of records ({reason}).") from None
+            records = reading.parse_json(text, path, "JSON array of records")
+        except reading.UnreadableFile as err:
+            raise DataError(f"{err} Expected a JSON array of question records.") from None
         for i, record in enumerate(records):
             yield FlatRecord(f"{path}: record {i}", record)
         return
@@ -69,11 +69,11 @@ def json_records(path: Path, text: str) -> Iterator[FlatRecord]:
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
-        except (ValueError, RecursionError) as err:
+            record = reading.parse_json(line, f"{path}: line {number}")
+        except reading.UnreadableFile as err:
             raise DataError(
-                f"{path}: line {number} is not one JSON object ({str(err)[:200]}); JSON Lines holds "
-                "one question record per line."
+                f"{path}: line {number} is not one JSON object ({str(err).split(': ', 2)[-1][:200]}); "
+                "JSON Lines holds one question record per line."
             ) from None
         yield FlatRecord(f"{path}: line {number}", record)
 

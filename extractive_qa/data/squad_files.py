@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from extractive_qa import reading
 from extractive_qa.data import flat_squad
 from extractive_qa.errors import DataError
 from extractive_qa.files import file_lock, shared_mode, write_text_atomic
@@ -62,7 +63,7 @@ def load_squad(source: str | os.PathLike, *, training: bool, download_dir: Path 
         records, digest = flat_squad.datasets_records(str(source))
         return _checked(Path(str(source)), _flat_questions(records), digest, training, flat=True)
     path = resolve_source(source, download_dir)
-    raw = path.read_bytes()
+    raw = reading.read_bytes(path, reading.DATA)
     digest, pinned = hashlib.sha256(raw).hexdigest(), _pinned_sha256(source)
     if pinned is not None and digest != pinned:
         # The digest is checked on the bytes parsed here, not only on the file before reading.
@@ -205,18 +206,14 @@ def _text(path: Path, raw: bytes) -> str:
 
 
 def _read_json(path: Path, text: str) -> Any:
-    """The file's JSON document, with a clear error for truncated or unreadable JSON."""
+    """The file's JSON document (reading.parse_json: unique keys, finite numbers, bounded nesting),
+    with a clear error for truncated or unreadable JSON."""
     try:
-        doc = json.loads(text)
-    except RecursionError:
-        raise DataError(f"{path}: JSON nested too deeply to be a SQuAD file.") from None
-    except json.JSONDecodeError as err:
+        return reading.parse_json(text, path, "SQuAD JSON")
+    except reading.UnreadableFile as err:
         raise DataError(
-            f"{path}: invalid or truncated JSON at line {err.lineno} column {err.colno}: {err.msg}."
+            f"{err} Expected SQuAD JSON with a 'data' list (invalid or truncated JSON)."
         ) from None
-    except ValueError as err:  # e.g. an integer of thousands of digits
-        raise DataError(f"{path}: unreadable JSON value ({str(err)[:200]}).") from None
-    return doc
 
 
 # Windows per context grow with its length (and tokenizing it holds every offset): a 100 MB
@@ -304,7 +301,7 @@ def default_download_dir() -> Path:
 
 def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
+    with reading.open_regular(path, reading.DATA) as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()

@@ -12,15 +12,13 @@ intended is refused here, and what is read here is decoded (checkpoint_decode), 
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 import re
-import stat
 import struct
 import zipfile
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from extractive_qa import reading
 from extractive_qa.errors import ConfigError
 
 MIB = 1 << 20
@@ -38,31 +36,17 @@ def refused(where: str, what: str) -> ConfigError:
 
 
 def open_plain(path: Path, limit: int, shown: Path) -> BinaryIO:
-    """`path` opened for reading if it is a regular file of at most `limit` bytes; a link, a
-    FIFO, a device or a directory is refused without blocking (O_NONBLOCK: a FIFO's open would
-    wait for a writer forever)."""
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    """`path` opened for reading if it is a regular file of at most `limit` bytes, never through a
+    link (reading.open_regular: a FIFO, device or directory is refused without blocking)."""
     try:
-        fd = os.open(path, flags)
-    except FileNotFoundError:
+        return reading.open_regular(path, reading.RECORD, follow_links=False, limit=limit, shown=shown)
+    except reading.MissingFile:
         raise ConfigError(
             f"{shown}: incomplete checkpoint, {path.name} is missing (not written by train.py, or the "
             "copy was cut short)."
         ) from None
-    except OSError as err:
-        raise refused(str(shown), f"cannot be opened as a plain file ({err.strerror})") from None
-    info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode):
-        os.close(fd)
-        raise refused(str(shown), "is not a regular file (a directory, pipe or device)")
-    if info.st_size > limit:
-        os.close(fd)
-        raise refused(
-            str(shown), f"is {info.st_size / MIB:,.1f} MiB, more than a checkpoint of this model holds "
-            f"({limit / MIB:,.0f} MiB at most)",
-        )  # fmt: skip
-    os.set_blocking(fd, True)
-    return os.fdopen(fd, "rb")
+    except reading.UnreadableFile as err:
+        raise refused(str(shown), str(err).removeprefix(f"{shown}: ").rstrip(".")) from None
 
 
 def read_record(path: Path, shown: Path) -> bytes:
@@ -72,20 +56,10 @@ def read_record(path: Path, shown: Path) -> bytes:
 
 def parse_json(data: bytes, shown: Path) -> dict[str, Any]:
     """A JSON object with unique keys and finite numbers, or ConfigError naming the file."""
-
-    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        keys = [k for k, _ in pairs]
-        if len(set(keys)) != len(keys):
-            raise ValueError(f"key {next(k for k in keys if keys.count(k) > 1)!r} given twice")
-        return dict(pairs)
-
-    def no_constant(name: str) -> Any:
-        raise ValueError(f"{name} is not a number")
-
     try:
-        value = json.loads(data.decode("utf-8"), object_pairs_hook=unique, parse_constant=no_constant)
-    except (UnicodeDecodeError, ValueError, RecursionError) as err:
-        raise ConfigError(f"{shown}: damaged checkpoint record ({str(err)[:200]}).") from None
+        value = reading.parse_json(data, shown, "checkpoint record")
+    except reading.UnreadableFile as err:
+        raise ConfigError(f"{err} The checkpoint is damaged.") from None
     if not isinstance(value, dict):
         raise ConfigError(f"{shown}: damaged checkpoint record (not a JSON object).")
     return value

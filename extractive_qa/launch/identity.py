@@ -6,11 +6,11 @@ continues anyway).
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from extractive_qa import reading
 from extractive_qa.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -56,18 +56,19 @@ def identity_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str
 def json_record(checkpoint: Path) -> dict[str, Any]:
     """experiment.json of a checkpoint (the rewritten copy: already parsed once), or {}."""
     try:
-        value = json.loads((checkpoint / IDENTITY_RECORD).read_text())
-    except (OSError, ValueError):
+        return reading.read_json_object(checkpoint / IDENTITY_RECORD, reading.RECORD, follow_links=False)
+    except reading.UnreadableFile:
         return {}
-    return value if isinstance(value, dict) else {}
 
 
 def steps_completed(checkpoint: Path) -> int | None:
     """The batches a checkpoint's metadata.json says it trained; None where it is damaged or partial."""
     try:
-        return int(json.loads((checkpoint / "metadata.json").read_text())["steps_completed"])
-    except (OSError, ValueError, KeyError, TypeError):
+        steps = reading.read_json_object(checkpoint / "metadata.json", reading.RECORD, follow_links=False)
+    except reading.UnreadableFile:
         return None
+    value = steps.get("steps_completed")
+    return value if type(value) is int and value >= 0 else None
 
 
 def checkpoint_record(checkpoint: Path, key: str) -> dict[str, Any] | None:

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import torch
 
+from extractive_qa import reading
+
 AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}  # fp32: no autocast
 # The CPU's bf16 matrix units, as torch's CPU kernels detect them (name, torch.cpu probe, the
 # /proc/cpuinfo flag where torch has no probe: torch 2.3). Both run bf16 matmuls 2-6x faster than
@@ -25,8 +27,8 @@ CPUINFO = Path("/proc/cpuinfo")
 def cpu_bf16_units() -> list[str]:
     """The bf16 matrix units this machine's CPU has (empty: none)."""
     try:
-        flags = set(CPUINFO.read_text().split())
-    except OSError:
+        flags = set(reading.read_text(CPUINFO, reading.SYSTEM).split())
+    except reading.UnreadableFile:
         flags = set()
     found = []
     for name, probe, flag in CPU_BF16_UNITS:

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from extractive_qa import reading
 from extractive_qa.config.settings import PRECISIONS, DataSettings, Hyperparameters, WindowSpec, check_setting
 from extractive_qa.data import squad_files
 from extractive_qa.data.features import Features
@@ -100,9 +101,9 @@ class QASettings:
     def load(cls, hf_dir: Path) -> QASettings:
         path = hf_dir / QA_SETTINGS
         try:
-            raw = json.loads(path.read_text())
-        except (OSError, ValueError) as err:
-            raise DataError(f"{path}: cannot read QA settings ({err}).") from None
+            raw = reading.read_json_object(path, reading.RECORD)
+        except reading.UnreadableFile as err:
+            raise DataError(f"cannot read QA settings: {err}") from None
         fields = dataclasses.fields(cls)
         required = {f.name for f in fields if f.default is dataclasses.MISSING}
         missing = sorted(required - set(raw))

@@ -22,6 +22,7 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from extractive_qa import reading
 from extractive_qa.data.squad_files import Example, load_squad
 from extractive_qa.errors import DataError
 
@@ -203,10 +204,9 @@ def _threshold_search(
 
 def _read_json_object(path: str, what: str, value_type: type | tuple[type, ...]) -> dict:
     try:
-        with open(path, encoding="utf-8") as f:
-            content = json.load(f)
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:
-        raise DataError(f"{path}: cannot read {what} ({str(err)[:200]}).") from None
+        content = reading.read_json(path, reading.DATA, what=what)
+    except reading.UnreadableFile as err:
+        raise DataError(f"cannot read {what}: {err}") from None
     if not isinstance(content, dict) or not all(
         isinstance(v, value_type) and not isinstance(v, bool) for v in content.values()
     ):

@@ -11,6 +11,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from extractive_qa import reading
 from extractive_qa.data import squad_files
 from extractive_qa.errors import DataError
 from extractive_qa.files import ROOT, check_new_directory, check_outputs, copy_plain_file, shared_mode
@@ -69,7 +70,8 @@ def export(checkpoint: str, out: Path, squad: str | None, questions: int, int8: 
         (staging / EXPORT_RECORD).write_text(json.dumps(record, indent=1) + "\n")
         card = staging / model_card.MODEL_CARD
         if card.is_file():  # the checkpoint's card, with the use of what this directory holds
-            card.write_text(model_card.for_export(card.read_text(), [p.name for p in staging.iterdir()]))
+            text = reading.read_text(card, reading.MODEL_FILE)
+            card.write_text(model_card.for_export(text, [p.name for p in staging.iterdir()]))
         for item in sorted(staging.iterdir()):  # each file replaced whole; what we made gets the umask's mode
             if item.name not in copied:
                 shared_mode(item)

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from extractive_qa import reading
 from extractive_qa.errors import DataError
 
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
@@ -152,7 +153,10 @@ class OnnxLogits:
         if threads:
             options.intra_op_num_threads = threads
         try:
-            self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+            model = reading.read_bytes(path, reading.WEIGHTS)  # the bytes ONNX Runtime then parses
+            self.session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+        except reading.UnreadableFile:
+            raise
         except Exception as err:  # a damaged or foreign file: ONNX Runtime's own error kinds
             reason = str(err).splitlines()[0][:300] if str(err) else type(err).__name__
             raise DataError(f"{path}: ONNX Runtime cannot load it ({reason}); export it again.") from None

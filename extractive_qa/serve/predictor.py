@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from extractive_qa import reading
 from extractive_qa.config.schema import model_position_limit
 from extractive_qa.data import squad_files
 from extractive_qa.data.batching import assemble_logits, evaluation_batches, forward_params, model_inputs
@@ -20,9 +21,14 @@ from extractive_qa.data.features import Features, build_features, load_tokenizer
 from extractive_qa.errors import DataError
 from extractive_qa.qa import arithmetic, qa_settings
 from extractive_qa.qa.answers import Answers
+from extractive_qa.serve import model_weights
 from extractive_qa.serve.checkpoints import find_hf_dir
 
 Logits = tuple[np.ndarray, np.ndarray]
+# What a fast tokenizer's from_pretrained may read from a model directory.
+TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "vocab.txt", "vocab.json", "merges.txt", "spm.model", "spiece.model",
+                   "sentencepiece.bpe.model", "chat_template.jinja"]  # fmt: skip
 
 
 def torch_device(device: str | None) -> Any:
@@ -64,6 +70,7 @@ class Predictor:
                 f"--checkpoint {checkpoint}: {hf / 'tokenizer.json'} is missing (every export "
                 "writes it); the checkpoint is incomplete: copy it again."
             )
+        reading.check_regular_files(hf, TOKENIZER_FILES, reading.MODEL_FILE)  # before transformers reads them
         self.tokenizer = load_tokenizer(str(hf))
         saved = self.settings.vocabulary_sha256
         if saved is not None and vocabulary_sha256(self.tokenizer) != saved:
@@ -110,7 +117,6 @@ class Predictor:
         self, checkpoint: str, hf: Path, device: str | None, precision: str | None
     ) -> Callable[[dict], Logits]:
         import torch
-        from transformers import AutoModelForQuestionAnswering
 
         self.device = torch_device(device)
         # The precision evaluation ran with, so the logits -- and EM/F1 -- are the trial's; `auto`
@@ -134,9 +140,16 @@ class Predictor:
                 "predict.py loads safetensors, which run no code. Re-save the model with "
                 "save_pretrained(..., safe_serialization=True)."
             )
+        if not (hf / model_weights.WEIGHTS).exists():
+            raise DataError(
+                f"--checkpoint {checkpoint}: {hf} has no {model_weights.WEIGHTS} (train.py and "
+                "export.py write the weights as one safetensors file); copy the checkpoint again."
+            )
         try:
-            model = AutoModelForQuestionAnswering.from_pretrained(hf, use_safetensors=True)
-        except Exception as err:  # truncated or foreign weights: name the files, not a traceback
+            model = model_weights.load_model(hf)
+        except DataError:
+            raise
+        except Exception as err:  # bytes that passed the header check but not safetensors' reader
             reason = str(err).splitlines()[0][:300] if str(err) else type(err).__name__
             raise DataError(
                 f"--checkpoint {checkpoint}: cannot load the model in {hf} ({reason}); the weights "

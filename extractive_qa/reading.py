@@ -1,0 +1,192 @@
+"""The one reader every file of the project goes through: configs, data, predictions, feature
+caches, checkpoints and their records, hf/ exports.
+
+A path is resolved through its links once, then opened without following a link and without
+waiting (a FIFO's open would block until a writer comes), and refused unless it is a regular file
+no larger than its kind's limit -- read from the file's metadata before a byte is read, so a
+/dev/zero link or an 8 GiB sparse file costs nothing. JSON is parsed strictly: unique keys, finite
+numbers (no NaN, Infinity or 1e999), nesting within the parser's depth. Every refusal is an
+UnreadableFile naming the file, the limit and what to do; it is both a ConfigError and a
+DataError, so each command's existing one-line error handling catches it.
+
+tests/test_reading.py lists the project's reads and fails if one bypasses this module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import stat
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from extractive_qa.errors import ConfigError, DataError
+
+MIB = 1 << 20
+
+
+class UnreadableFile(ConfigError, DataError):
+    """A file that is not a regular file of its kind's size, or not what its kind must hold."""
+
+
+class MissingFile(UnreadableFile):
+    """The file is not there (callers that treat absence as "none yet" catch this one)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Kind:
+    """What a file is for, the most bytes such a file may hold, and the environment variable (in
+    MiB) that raises the limit where a user's own file may legitimately be larger."""
+
+    name: str
+    limit: int
+    override: str | None = None
+
+    @property
+    def bytes(self) -> int:
+        if self.override and os.environ.get(self.override, "").strip():
+            try:
+                mib = int(os.environ[self.override])
+            except ValueError:
+                raise ConfigError(
+                    f"{self.override}={os.environ[self.override]!r}: not a number of MiB."
+                ) from None
+            if mib <= 0:
+                raise ConfigError(f"{self.override}={mib}: give a positive number of MiB.")
+            return mib * MIB
+        return self.limit
+
+
+# Limits by kind. SQuAD v2.0's training file is 42 MB; a record or a config is kilobytes.
+RECORD = Kind("record", 16 * MIB)  # a checkpoint's JSON records, qa_settings.json, a cache's meta.json
+CONFIG = Kind("experiment config", 4 * MIB)
+MODEL_FILE = Kind("model file", 256 * MIB)  # config.json, tokenizer files, a model card
+DATA = Kind("data file", 2048 * MIB, "EXTRACTIVE_QA_MAX_INPUT_MB")  # SQuAD JSON/JSON Lines, predictions
+WEIGHTS = Kind("model weights file", 8192 * MIB)  # an ONNX model (BERT-large: 1.3 GB)
+SYSTEM = Kind("system file", 4 * MIB)  # /proc/cpuinfo
+
+
+def _limit_text(kind: Kind, limit: int) -> str:
+    text = f"the limit for a {kind.name} is {limit / MIB:,.0f} MiB"
+    return text + (f"; raise it with {kind.override}=MiB if the file is meant" if kind.override else "")
+
+
+def open_regular(
+    path: Path | str,
+    kind: Kind,
+    *,
+    follow_links: bool = True,
+    limit: int | None = None,
+    shown: Path | str | None = None,
+) -> BinaryIO:
+    """`path` open for reading if it is a regular file of at most the kind's bytes (or `limit`).
+    With `follow_links` the path is resolved once and its target opened; without, a link is
+    refused (a checkpoint's own files are never links). Errors name `shown` (default: `path`)."""
+    target = os.path.realpath(path) if follow_links else os.fspath(path)
+    path = Path(path)
+    shown = path if shown is None else Path(shown)
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(target, flags)
+    except FileNotFoundError:
+        dangling = " (a link to a path that does not exist)" if path.is_symlink() else ""
+        raise MissingFile(f"{shown}: no such file{dangling}.") from None
+    except OSError as err:
+        if not follow_links and path.is_symlink():
+            raise UnreadableFile(f"{shown}: is a symbolic link; only a plain file is read here.") from None
+        raise UnreadableFile(f"{shown}: cannot be read ({err.strerror}).") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            what = "a directory" if stat.S_ISDIR(info.st_mode) else "a pipe, socket or device"
+            raise UnreadableFile(f"{shown}: is {what}, not a regular file; give a file.")
+        cap = kind.bytes if limit is None else limit
+        if info.st_size > cap:
+            raise UnreadableFile(f"{shown}: is {info.st_size / MIB:,.1f} MiB; {_limit_text(kind, cap)}.")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_bytes(
+    path: Path | str,
+    kind: Kind,
+    *,
+    follow_links: bool = True,
+    limit: int | None = None,
+    shown: Path | str | None = None,
+) -> bytes:
+    """The whole file, bounded: a file that grows past the limit while read is refused too."""
+    cap = kind.bytes if limit is None else limit
+    with open_regular(path, kind, follow_links=follow_links, limit=cap, shown=shown) as file:
+        data = file.read(cap + 1)
+    if len(data) > cap:
+        raise UnreadableFile(
+            f"{shown or path}: grew past {cap / MIB:,.0f} MiB while it was read; {_limit_text(kind, cap)}."
+        )
+    return data
+
+
+def read_text(path: Path | str, kind: Kind, *, follow_links: bool = True) -> str:
+    """The file as UTF-8 text (a byte-order mark is dropped)."""
+    data = read_bytes(path, kind, follow_links=follow_links)
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise UnreadableFile(f"{path}: is not UTF-8 text (byte {err.start}); save it as UTF-8.") from None
+
+
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    value: dict[str, Any] = {}
+    for key, item in pairs:
+        if key in value:
+            raise ValueError(f"key {key[:80]!r} is given twice")
+        value[key] = item
+    return value
+
+
+def _constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a finite number")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text[:40]} is beyond the range of a number")
+    return value
+
+
+def parse_json(data: bytes | str, shown: Path | str, what: str = "JSON") -> Any:
+    """JSON with unique keys and finite numbers; nesting deeper than the parser's stack, text that
+    is not UTF-8 or an integer of thousands of digits is an UnreadableFile naming `shown`."""
+    try:
+        text = data.decode("utf-8-sig") if isinstance(data, bytes) else data
+        return json.loads(text, object_pairs_hook=_unique, parse_constant=_constant, parse_float=_finite)
+    except RecursionError:
+        raise UnreadableFile(f"{shown}: is not readable {what} (nested too deeply).") from None
+    except (UnicodeDecodeError, ValueError) as err:
+        raise UnreadableFile(f"{shown}: is not readable {what} ({str(err)[:200]}).") from None
+
+
+def read_json(path: Path | str, kind: Kind, *, follow_links: bool = True, what: str = "JSON") -> Any:
+    return parse_json(read_bytes(path, kind, follow_links=follow_links), path, what)
+
+
+def read_json_object(path: Path | str, kind: Kind, *, follow_links: bool = True) -> dict[str, Any]:
+    value = read_json(path, kind, follow_links=follow_links)
+    if not isinstance(value, dict):
+        raise UnreadableFile(f"{path}: holds a JSON {type(value).__name__}, not an object.")
+    return value
+
+
+def check_regular_files(directory: Path, names: list[str], kind: Kind) -> None:
+    """Before a library reads `names` in `directory` by itself (a tokenizer's files): each present
+    one is a regular file within the kind's limit (opened and closed, nothing read)."""
+    for name in names:
+        path = directory / name
+        if path.exists() or path.is_symlink():
+            open_regular(path, kind).close()

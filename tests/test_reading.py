@@ -1,0 +1,154 @@
+"""The one reader (extractive_qa/reading.py): every file the project reads goes through it, and it
+refuses what is not a regular file of its kind's size, and JSON that is not strictly JSON, with
+one line naming the file -- never a hang, a whole /dev/zero read, or a traceback."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from extractive_qa import reading
+from extractive_qa.files import ROOT
+
+# --------------------------------------------------------------------------------------------
+# No read outside the reader.
+# --------------------------------------------------------------------------------------------
+
+# Calls that read a file by themselves: Path.read_text / read_bytes / open(), builtin open() for
+# reading, and the loaders that take a path or a file (json.load, np.load, pickle.load, torch.load).
+# Parsing bytes already read (json.loads, yaml of text, an Unpickler over BytesIO) is not a read;
+# the callers that parse a file's bytes use reading.parse_json.
+PATH_READS = {"read_text", "read_bytes"}
+LOADERS = {"json", "np", "numpy", "pickle", "torch"}
+# Reads that stay outside, each with its reason.
+ALLOWED = {
+    # np.load maps a cache array after cache_damage read it through the reader (type, size, SHA-256).
+    ("extractive_qa/data/feature_cache.py", "np.load"),
+}
+
+
+def shipped_files() -> list[Path]:
+    return sorted([*ROOT.glob("*.py"), *(ROOT / "extractive_qa").rglob("*.py")])
+
+
+def reads_outside_the_reader(path: Path) -> list[str]:
+    relative = str(path.relative_to(ROOT))
+    if relative == "extractive_qa/reading.py":
+        return []
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        if isinstance(func, ast.Name) and func.id == "open":
+            mode = (
+                node.args[1]
+                if len(node.args) > 1
+                else next((k.value for k in node.keywords if k.arg == "mode"), None)
+            )
+            text = mode.value if isinstance(mode, ast.Constant) and isinstance(mode.value, str) else "r"
+            if not set(text) & set("wxa"):
+                found.append(f"{relative}:{node.lineno}: open(..., {text!r})")
+        elif isinstance(func, ast.Attribute):
+            owner = func.value.id if isinstance(func.value, ast.Name) else ""
+            if owner == "reading":
+                continue
+            if func.attr == "open" and owner not in ("os",):
+                # Path.open() / Path.open("rb"); ZipFile.open(member) names a member, not a mode.
+                mode = node.args[0] if node.args else ast.Constant("r")
+                mode_text = mode.value if isinstance(mode, ast.Constant) else None
+                if isinstance(mode_text, str) and set(mode_text) <= set("rbt"):
+                    found.append(f"{relative}:{node.lineno}: .open({mode_text!r})")
+            elif func.attr in PATH_READS or (func.attr == "load" and owner in LOADERS):
+                call = f"{owner}.{func.attr}" if owner else func.attr
+                if (relative, call) not in ALLOWED:
+                    found.append(f"{relative}:{node.lineno}: {call}()")
+    return found
+
+
+def test_every_file_the_project_reads_goes_through_the_one_reader() -> None:
+    found = [line for path in shipped_files() for line in reads_outside_the_reader(path)]
+    assert not found, "reads outside extractive_qa/reading.py:\n" + "\n".join(found)
+
+
+def test_the_scan_finds_a_plain_read(tmp_path: Path) -> None:
+    """The scan itself: a plain read in a shipped-looking file is found."""
+    planted = ROOT / "extractive_qa" / "_planted_read_probe.py"
+    planted.write_text("import json\n\ndef f(p):\n    return json.load(open(p))\n")
+    try:
+        assert len(reads_outside_the_reader(planted)) == 2
+    finally:
+        planted.unlink()
+
+
+# --------------------------------------------------------------------------------------------
+# What the reader refuses.
+# --------------------------------------------------------------------------------------------
+
+
+def test_a_fifo_is_refused_without_waiting(tmp_path: Path) -> None:
+    fifo = tmp_path / "metadata.json"
+    os.mkfifo(fifo)
+    with pytest.raises(reading.UnreadableFile, match="pipe, socket or device"):
+        reading.read_json(fifo, reading.RECORD)
+
+
+def test_a_link_to_dev_zero_is_refused_before_reading(tmp_path: Path) -> None:
+    link = tmp_path / "config.json"
+    link.symlink_to("/dev/zero")
+    with pytest.raises(reading.UnreadableFile, match="not a regular file"):
+        reading.read_bytes(link, reading.DATA)
+
+
+def test_a_sparse_file_over_the_limit_is_refused_from_its_size(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    big = tmp_path / "train.json"
+    with open(big, "wb") as f:
+        f.truncate(3 * reading.MIB)
+    monkeypatch.setenv("EXTRACTIVE_QA_MAX_INPUT_MB", "2")
+    with pytest.raises(reading.UnreadableFile, match="EXTRACTIVE_QA_MAX_INPUT_MB"):
+        reading.read_bytes(big, reading.DATA)
+    monkeypatch.setenv("EXTRACTIVE_QA_MAX_INPUT_MB", "4")
+    assert len(reading.read_bytes(big, reading.DATA)) == 3 * reading.MIB
+
+
+def test_a_directory_and_a_dangling_link_are_named(tmp_path: Path) -> None:
+    with pytest.raises(reading.UnreadableFile, match="is a directory"):
+        reading.read_bytes(tmp_path, reading.RECORD)
+    (tmp_path / "gone").symlink_to(tmp_path / "nowhere")
+    with pytest.raises(reading.MissingFile, match="link to a path that does not exist"):
+        reading.read_bytes(tmp_path / "gone", reading.RECORD)
+
+
+def test_a_link_is_refused_where_links_are_not_followed(tmp_path: Path) -> None:
+    (tmp_path / "real.json").write_text("{}")
+    (tmp_path / "link.json").symlink_to(tmp_path / "real.json")
+    assert reading.read_json(tmp_path / "link.json", reading.RECORD) == {}
+    with pytest.raises(reading.UnreadableFile, match="symbolic link"):
+        reading.read_json(tmp_path / "link.json", reading.RECORD, follow_links=False)
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ('{"steps_completed": Infinity}', "not a finite number"),
+        ('{"steps_completed": NaN}', "not a finite number"),
+        ('{"steps_completed": 1e999}', "beyond the range"),
+        ('{"a": 1, "a": 2}', "given twice"),
+        ("[" * 200_000 + "]" * 200_000, "nested too deeply"),
+        ('{"n": ' + "9" * 5000 + "}", "digits"),
+        ("\xff", "not readable"),
+    ],
+)
+def test_json_that_is_not_strictly_json_is_named(tmp_path: Path, text: str, needle: str) -> None:
+    path = tmp_path / "record.json"
+    path.write_bytes(text.encode("latin-1") if text == "\xff" else text.encode())
+    with pytest.raises(reading.UnreadableFile, match=needle) as caught:
+        reading.read_json(path, reading.RECORD)
+    assert str(path) in str(caught.value)
+    assert json.loads('{"ok": 1.5}') == reading.parse_json(b'{"ok": 1.5}', "x")
