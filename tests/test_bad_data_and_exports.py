@@ -247,3 +247,42 @@ def test_an_onnx_model_with_other_inputs_or_outputs_is_refused(tmp_path: Path) -
     onnx.save(model, path)
     with pytest.raises(DataError, match="its outputs are \\['logits'\\]"):
         OnnxLogits(path)
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        ("no-qa-head", "lacks 2 of the model's tensors, e.g. qa_outputs.bias"),
+        ("one-unrelated", "holds 1 tensor(s) the model has not"),
+        ("int32-head", "tensor qa_outputs.weight is I32"),
+        ("wrong-shape", "tensor qa_outputs.weight is F32 (3,"),
+    ],
+)
+def test_predict_refuses_weights_that_are_not_the_models(
+    change: str, needle: str, trained, tmp_path: Path
+) -> None:
+    """model.safetensors is checked against the model before anything loads: a file without the
+    QA head, with a tensor the model has not, or with the head as integers or of another shape
+    would have left from_pretrained a random head (predict.py then answered with noise, exit 0)."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    checkpoint, _ = trained
+    planted = tmp_path / "planted"
+    shutil.copytree(checkpoint, planted)
+    weights = planted / "hf" / "model.safetensors"
+    state = load_file(weights)
+    if change == "no-qa-head":
+        state = {k: v for k, v in state.items() if not k.startswith("qa_outputs.")}
+    elif change == "one-unrelated":
+        state["extra.weight"] = torch.zeros(2)
+    elif change == "int32-head":
+        state["qa_outputs.weight"] = state["qa_outputs.weight"].to(torch.int32)
+    else:
+        state["qa_outputs.weight"] = torch.zeros(3, state["qa_outputs.weight"].shape[1])
+    save_file(state, weights)
+    code, out, err = run_main(["predict.py", "--checkpoint", str(planted), "--question", "Who won?",
+                               "--context", "Denver won."])  # fmt: skip
+    assert code == 2 and needle in err and out == "" and "Traceback" not in err, err
