@@ -27,7 +27,7 @@ from extractive_qa.config.experiment import from_cluster, from_command_line, set
 from extractive_qa.dry_run import dry_run
 from extractive_qa.errors import ConfigError, DataError
 from extractive_qa.files import ROOT
-from extractive_qa.launch import interruption, local_run
+from extractive_qa.launch import interruption, local_run, resume
 from extractive_qa.launch.process import local_world_size
 from extractive_qa.launch.resume import restore_on_cluster
 from extractive_qa.trial import optimization
@@ -249,6 +249,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if stop.rank == 0:
             print(interruption.interrupted_line(stop, START_DIR), file=sys.stderr, flush=True)
         return stop.code
+    except resume.Terminated:  # SIGTERM while a resume wrote its checked copy (removed on the way)
+        print("terminated while checking the checkpoint to resume; nothing was trained, the checked "
+              "copy is removed. Run the same command again to resume.", file=sys.stderr)  # fmt: skip
+        return 143
     except KeyboardInterrupt:  # before training started: nothing was trained
         print("interrupted before training started; nothing to keep.", file=sys.stderr)
         return 130

@@ -171,6 +171,17 @@ def shared_fs_checkpoint(exp_conf: dict[str, Any], uuid: str) -> Path | None:
     return Path(manager._base_path) / uuid
 
 
+def restore_id(path: Path) -> str:
+    """The storage id under which Determined restores a checkpoint directory outside its storage
+    root: the absolute path. Its shared_fs storage manager (local runs and shared_fs clusters)
+    finds a checkpoint at os.path.join(base_path, storage_id) (common/storage/shared.py:210), and
+    os.path.join keeps an absolute second argument as it is, so the resume's private copy --
+    outside any directory other users can write -- is restored where it lies."""
+    if not path.is_absolute():
+        raise ValueError(f"{path}: a restore id must be an absolute path")
+    return str(path)
+
+
 class SearcherStopWatch:
     """Learns whether the searcher has stopped this trial (adaptive ASHA's early stopping).
 

@@ -69,8 +69,10 @@ SYSTEM = Kind("system file", 4 * MIB)  # /proc/cpuinfo
 
 
 def _limit_text(kind: Kind, limit: int) -> str:
-    text = f"the limit for a {kind.name} is {limit / MIB:,.0f} MiB"
-    return text + (f"; raise it with {kind.override}=MiB if the file is meant" if kind.override else "")
+    text = f"more than a {kind.name} holds ({limit / MIB:,.0f} MiB at most)"
+    return text + (
+        f"; raise the limit with {kind.override}=MiB if the file is meant" if kind.override else ""
+    )
 
 
 def open_regular(
@@ -95,7 +97,10 @@ def open_regular(
         raise MissingFile(f"{shown}: no such file{dangling}.") from None
     except OSError as err:
         if not follow_links and path.is_symlink():
-            raise UnreadableFile(f"{shown}: is a symbolic link; only a plain file is read here.") from None
+            raise UnreadableFile(
+                f"{shown}: is a symbolic link and cannot be opened as a plain file; only a plain file "
+                "is read here."
+            ) from None
         raise UnreadableFile(f"{shown}: cannot be read ({err.strerror}).") from None
     try:
         info = os.fstat(fd)

@@ -198,11 +198,14 @@ def test_the_loaders_read_only_bytes_the_rewrite_wrote(
     assert result["steps_completed"] == 8
     restored = [entry for entry in loaded if entry[0].name in ("state_dict.pth", "trial_state.pkl")]
     assert {p.name for p, _, _ in restored} == {"state_dict.pth", "trial_state.pkl"}
+    from extractive_qa.launch.resume import private_root
+
     for path, digest, mode in restored:
-        assert path.parent.name.startswith(".resume-") and not path.is_relative_to(mine)
+        assert path.parent.name.startswith("resume-") and path.parent.parent == private_root()
         assert mode == 0o700  # a directory only this user can enter
         assert digest in written  # bytes the rewrite wrote, not a copy of the user's file
-    assert not list((tmp_path / "c" / "determined").glob(".resume-*"))
+        assert not path.parent.exists()  # removed after the run
+    assert not list((tmp_path / "c" / "determined").glob("*resume-*"))
 
 
 def test_a_file_swapped_after_the_rewrite_is_never_read(
@@ -399,18 +402,28 @@ def test_a_fifo_is_refused_without_waiting_for_a_writer(trained, tmp_path: Path)
 
 
 def test_a_copy_left_by_a_killed_resume_is_named_and_removed(trained, tmp_path: Path, caplog) -> None:
-    """A resume killed with -9 leaves its private copy; the next resume there removes it (its
-    owner lock is free) and says so. A live run's copy (its lock held) is kept."""
+    """A resume killed with -9 leaves its private copy; the next resume removes it (its owner
+    lock is free) and says so. A live run's copy (its lock held) is kept, and so is a directory
+    merely named like a copy (no owner record with a token), in the private root or in storage:
+    the sweep removes only what it can prove a resume made."""
     import fcntl
+    import secrets
+
+    from extractive_qa.launch.resume import private_root
 
     checkpoint, _ = trained
     storage = tmp_path / "c" / "determined"
     storage.mkdir(parents=True)
-    dead, live = storage / ".resume-dead", storage / ".resume-live"
-    for copy in (dead, live):
+    root = private_root()
+    name = f"resume-test-{secrets.token_hex(4)}"
+    dead, live, lookalike = root / f"{name}-dead", root / f"{name}-live", root / f"{name}-lookalike"
+    renamed = storage / ".resume-old"  # a user's real checkpoint under an old copy's name
+    for copy in (dead, live, lookalike, renamed):
         copy.mkdir(mode=0o700)
         (copy / "state_dict.pth").write_bytes(bytes(3 << 20))
-        (copy / ".owner").touch()
+    for copy in (dead, live):
+        (copy / ".owner").write_text(f"{os.getuid()} {secrets.token_hex(16)}\n")
+    (lookalike / ".owner").touch()
     held = os.open(live / ".owner", os.O_RDONLY)
     fcntl.flock(held, fcntl.LOCK_EX)
     try:
@@ -418,6 +431,107 @@ def test_a_copy_left_by_a_killed_resume_is_named_and_removed(trained, tmp_path: 
             code, result, err = resume(checkpoint, copy_of(checkpoint, tmp_path), tmp_path)
     finally:
         os.close(held)
+        for copy in (live, lookalike):
+            shutil.rmtree(copy, ignore_errors=True)
     assert code == 0, err[-3000:]
-    assert not dead.exists() and live.exists()
+    assert not dead.exists() and renamed.exists()
     assert f"removed {dead} (3 MB)" in caplog.text
+    assert str(live) not in caplog.text and str(lookalike) not in caplog.text
+
+
+# --------------------------------------------------------------------------------------------
+# The private copy: where only its owner can write, checked again before Determined reads it.
+# --------------------------------------------------------------------------------------------
+
+
+def test_the_private_root_is_refused_when_others_can_write_to_it_or_above_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A copy made by name in a directory another user can write can be renamed away and
+    replaced before Determined's pickle.load reads it (as in a 0777 shared_fs storage root). The
+    private root is refused unless it and every directory above it are closed to other users."""
+    import tempfile
+
+    from extractive_qa.errors import ConfigError
+    from extractive_qa.launch import resume as resume_module
+
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    open_dir.chmod(0o777)  # writable by all, not sticky
+    monkeypatch.setattr(tempfile, "tempdir", str(open_dir))
+    with pytest.raises(ConfigError, match="other users can write there"):
+        resume_module.private_root()
+    closed = tmp_path / "closed"
+    closed.mkdir(mode=0o755)
+    monkeypatch.setattr(tempfile, "tempdir", str(closed))
+    planted = closed / f"extractive-qa-{os.getuid()}"
+    planted.mkdir(mode=0o777)
+    planted.chmod(0o777)  # made before us, open to everyone
+    with pytest.raises(ConfigError, match="not this user's alone"):
+        resume_module.private_root()
+    planted.rmdir()
+    planted.symlink_to(open_dir)  # a link where the root belongs
+    with pytest.raises(ConfigError, match="not this user's alone"):
+        resume_module.private_root()
+    planted.unlink()
+    root = resume_module.private_root()
+    assert root == planted and (root.stat().st_mode & 0o777) == 0o700
+
+
+def test_a_copy_replaced_after_its_rewrite_is_refused_before_the_restore(
+    trained, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The swap itself: the checked copy renamed away and a directory with a planted
+    trial_state.pkl put under its name. The copy is checked (inode, owner, mode, its token)
+    just before Determined reads it, so the planted pickle never runs."""
+    from extractive_qa.launch import resume as resume_module
+
+    checkpoint, _ = trained
+    marker = tmp_path / "ran"
+    prepare = resume_module.prepare_resume
+
+    def prepare_then_swap(*args: Any, **kwargs: Any) -> Any:
+        private, steps = prepare(*args, **kwargs)
+        moved = private.path.with_name(private.path.name + "-moved")
+        private.path.rename(moved)
+        shutil.copytree(moved, private.path)
+        (private.path / "trial_state.pkl").write_bytes(evil_pickle(marker))
+        return private, steps
+
+    monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
+    monkeypatch.setattr(resume_module, "prepare_resume", prepare_then_swap)
+    import extractive_qa.launch.local_run as local_run
+
+    monkeypatch.setattr(local_run, "prepare_resume", prepare_then_swap)
+    try:
+        code, _, err = resume(checkpoint, copy_of(checkpoint, tmp_path), tmp_path)
+    finally:
+        for moved in resume_module.private_root().glob("resume-*-moved"):
+            shutil.rmtree(moved, ignore_errors=True)
+    refused(code, err, "was replaced after it was written")
+    assert not marker.exists()
+
+
+def test_sigterm_while_the_copy_is_written_says_so_and_removes_it(
+    trained, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGTERM during the decode used to end the process at once (143, no message) and leave
+    the copy for the next resume; now one line, exit 143, and the copy is gone."""
+    from extractive_qa.launch import resume as resume_module
+
+    checkpoint, _ = trained
+    rewrite = resume_module.rewrite
+    made: list[Path] = []
+
+    def terminated_midway(source: Path, private: Path, *args: Any, **kwargs: Any) -> Any:
+        made.append(private)
+        (private / "state_dict.pth").write_bytes(bytes(1 << 20))  # half-written
+        os.kill(os.getpid(), signal.SIGTERM)
+        return rewrite(source, private, *args, **kwargs)
+
+    monkeypatch.setattr(resume_module, "rewrite", terminated_midway)
+    code, _, err = resume(checkpoint, copy_of(checkpoint, tmp_path), tmp_path)
+    assert code == 143 and "Traceback" not in err, err[-3000:]
+    assert "terminated while checking the checkpoint to resume" in err
+    assert made and not made[0].exists()
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL or callable(signal.getsignal(signal.SIGTERM))

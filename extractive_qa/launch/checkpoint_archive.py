@@ -26,6 +26,9 @@ RECORD_LIMIT = 16 * MIB  # trial_state.pkl, metadata.json, experiment.json, load
 PICKLE_LIMIT = 64 * MIB  # state_dict.pth's data.pkl: names, shapes, RNG states (KBs per rank)
 
 
+CHECKPOINT_FILE = reading.Kind("checkpoint of this model", RECORD_LIMIT)  # limits are given per file
+
+
 def refused(where: str, what: str) -> ConfigError:
     return ConfigError(f"{where}: {what}; refusing it. Resume only checkpoints this project wrote.")
 
@@ -39,7 +42,7 @@ def open_plain(path: Path, limit: int, shown: Path) -> BinaryIO:
     """`path` opened for reading if it is a regular file of at most `limit` bytes, never through a
     link (reading.open_regular: a FIFO, device or directory is refused without blocking)."""
     try:
-        return reading.open_regular(path, reading.RECORD, follow_links=False, limit=limit, shown=shown)
+        return reading.open_regular(path, CHECKPOINT_FILE, follow_links=False, limit=limit, shown=shown)
     except reading.MissingFile:
         raise ConfigError(
             f"{shown}: incomplete checkpoint, {path.name} is missing (not written by train.py, or the "

@@ -66,6 +66,7 @@ class LocalRun:
     distributed: Any = None  # torchrun's process group, as Determined's DistributedContext
     resumed: Path | None = None  # the checkpoint --resume named (or `auto` found)
     resumed_copy: Path | None = None  # its rewritten private copy, which Determined restores
+    private: Any = None  # that copy as resume.PrivateCopy, checked again just before the restore
     identity: dict[str, Any] = dataclasses.field(default_factory=dict)
     stop: interruption.Interruption | None = None
     series: Any = None  # the metric series (--metrics-out)
@@ -114,10 +115,11 @@ class LocalRun:
                 allow_changed=self.args.allow_changed,
                 shown=found,
             )
-        private, steps = prepare_resume(found, self.storage, expected(), "--resume", same_run)
+        private, steps = prepare_resume(found, expected(), "--resume", same_run)
         self.source.steps_completed = steps
         cleanup.callback(private.remove)
-        self.source.latest_checkpoint = private.path.name
+        self.source.latest_checkpoint = det_internals.restore_id(private.path)
+        self.private = private
         self.resumed, self.resumed_copy = found, private.path
         identity.note_length_change(private.path, {self.plan.length.unit: self.plan.length.value})
 
@@ -190,6 +192,8 @@ class LocalRun:
         Interrupted / ConfigError that says what was kept and how to continue."""
         rank = context.distributed.rank
         before = {p.name for p in self.storage.iterdir()} if self.storage.is_dir() else set()
+        if self.private is not None:
+            self.private.verify()  # the directory Determined reads next is still the one written
         with det_internals.resume_at(self.source.steps_completed), self.stop or contextlib.nullcontext():
             try:
                 trainer.fit(**self.plan.fit_kwargs(self.source.latest_checkpoint, False))

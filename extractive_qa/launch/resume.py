@@ -9,14 +9,17 @@ import contextlib
 import fcntl
 import logging
 import os
+import secrets
 import shutil
+import signal
 import stat
 import tempfile
-import time
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from extractive_qa import det_internals, reading
 from extractive_qa.errors import ConfigError
 from extractive_qa.launch.checkpoint_rewrite import REQUIRED, ExpectedState, rewrite
 from extractive_qa.launch.identity import (
@@ -32,50 +35,105 @@ logger = logging.getLogger("squad")
 # A checkpoint to resume, rewritten into a private directory.
 # --------------------------------------------------------------------------------------------
 
-PRIVATE_PREFIX = ".resume-"
-OWNER_LOCK = ".owner"  # held (flock) by the process whose resume made the directory
-UNLOCKED_GRACE_S = 60  # a directory made this recently may not have its lock yet
+PRIVATE_PREFIX = "resume-"
+OWNER = ".owner"  # "<uid> <token>", held (flock) by the process whose resume made the directory
+
+
+def private_root() -> Path:
+    """The directory a resume's checked copies live in: <temp dir>/extractive-qa-<uid>, made 0700
+    by this user on this machine, with every ancestor owned by this user or root and writable by
+    no one else (or sticky, as /tmp is: no one else can rename an entry there). Nobody else can
+    then rename, replace or plant anything inside it -- unlike a storage root, which Determined
+    makes 0777 for shared_fs."""
+    uid = os.getuid()
+    base = Path(os.path.realpath(tempfile.gettempdir()))
+    for ancestor in (base, *base.parents):
+        info = os.stat(ancestor)
+        if info.st_uid not in (0, uid) or (info.st_mode & 0o022 and not info.st_mode & stat.S_ISVTX):
+            raise ConfigError(
+                f"{ancestor}: other users can write there, so a resume cannot keep its checked copy of "
+                "the checkpoint safe under it. Set TMPDIR to a directory only you (or root) can write."
+            )
+    root = base / f"extractive-qa-{uid}"
+    try:
+        os.mkdir(root, 0o700)
+    except FileExistsError:
+        pass
+    info = os.lstat(root)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != uid or stat.S_IMODE(info.st_mode) & 0o077:
+        raise ConfigError(
+            f"{root}: the directory a resume keeps its checked copy in is not this user's alone "
+            f"(owner {info.st_uid}, mode {stat.S_IMODE(info.st_mode):o}; a link or another user's). "
+            "Remove it, or set TMPDIR to a directory only you can write, and resume again."
+        )
+    return root
 
 
 class PrivateCopy:
-    """A new directory only this user can enter (mkdtemp: 0700) beside the checkpoints, locked
-    while the process that made it lives. A run killed before it removed its copy (kill -9, a
-    lost machine) leaves the lock free, and the next resume there removes the copy."""
+    """A new directory in private_root() (mkdtemp: 0700) for a checkpoint's rewritten copy, with
+    an owner record (this user and a random token) locked while the process that made it lives. A
+    run killed before it removed its copy (kill -9, a lost machine) leaves the lock free, and the
+    next resume on this machine removes the copy."""
 
-    def __init__(self, storage_root: Path) -> None:
-        storage_root.mkdir(parents=True, exist_ok=True)
-        self.path = Path(tempfile.mkdtemp(prefix=PRIVATE_PREFIX, dir=storage_root))
-        self.lock = os.open(self.path / OWNER_LOCK, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    def __init__(self) -> None:
+        root = private_root()
+        self.path = Path(tempfile.mkdtemp(prefix=PRIVATE_PREFIX, dir=root))
+        self.token = secrets.token_hex(16)
+        self.lock = os.open(self.path / OWNER, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, 0o600)
         fcntl.flock(self.lock, fcntl.LOCK_EX)
+        os.write(self.lock, f"{os.getuid()} {self.token}\n".encode())
+        self.identity = self._identity()
+
+    def _identity(self) -> tuple[int, int, int, int]:
+        info = os.lstat(self.path)
+        return info.st_dev, info.st_ino, info.st_uid, stat.S_IMODE(info.st_mode)
+
+    def verify(self) -> None:
+        """Just before Determined reads it: still the directory made here (same inode, this user's,
+        0700), and its owner record still this process's token."""
+        try:
+            same = self._identity() == self.identity and stat.S_ISDIR(os.lstat(self.path).st_mode)
+            record = reading.read_text(self.path / OWNER, reading.RECORD, follow_links=False)
+        except (OSError, reading.UnreadableFile):
+            same, record = False, ""
+        if not same or record.split() != [str(os.getuid()), self.token]:
+            raise ConfigError(
+                f"{self.path}: the checked copy of the checkpoint was replaced after it was written; "
+                "refusing to restore it. Resume again."
+            )
 
     def remove(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
         os.close(self.lock)
 
 
-def remove_stale_copies(storage_root: Path) -> None:
-    """Private copies in `storage_root` whose owner is gone: each named with its size, and removed
-    (another live run's copy is locked and kept; another user's is not ours to touch)."""
-    if not storage_root.is_dir():
-        return
-    for path in sorted(storage_root.glob(f"{PRIVATE_PREFIX}*")):
-        try:
-            info = path.lstat()
-        except OSError:
-            continue
+def made_by_a_resume(path: Path) -> int | None:
+    """An open descriptor of `path`'s owner record if `path` is a copy a resume of this user made
+    (a directory of this user's holding a record of this user and a 32-digit token); else None."""
+    try:
+        info = path.lstat()
         if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+            return None
+        fd = os.open(path / OWNER, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    record = os.read(fd, 128).decode("ascii", "replace").split()
+    if len(record) != 2 or record[0] != str(os.getuid()) or len(record[1]) != 32:
+        os.close(fd)
+        return None
+    return fd
+
+
+def remove_stale_copies() -> None:
+    """Copies in private_root() whose owner is gone: each named with its size, and removed. A live
+    run's copy is locked and kept; a directory without a resume's owner record is never touched."""
+    root = private_root()
+    for path in sorted(root.glob(f"{PRIVATE_PREFIX}*")):
+        lock = made_by_a_resume(path)
+        if lock is None:
             continue
         try:
-            lock = os.open(path / OWNER_LOCK, os.O_RDONLY | os.O_NOFOLLOW)
-        except FileNotFoundError:
-            if time.time() - info.st_mtime < UNLOCKED_GRACE_S:
-                continue  # being made right now
-            lock = None
-        except OSError:
-            continue
-        try:
-            if lock is not None:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises while its owner lives
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises while its owner lives
             size = sum(f.stat().st_size for f in path.iterdir() if f.is_file() and not f.is_symlink())
             shutil.rmtree(path, ignore_errors=True)
             logger.warning(
@@ -85,21 +143,20 @@ def remove_stale_copies(storage_root: Path) -> None:
         except BlockingIOError:
             pass
         finally:
-            if lock is not None:
-                os.close(lock)
+            os.close(lock)
 
 
 def prepare_resume(
     checkpoint: Path,
-    storage_root: Path,
     expected: ExpectedState,
     what: str = "--resume",
     on_record: Callable[[dict[str, Any]], None] | None = None,
 ) -> tuple[PrivateCopy, int]:
-    """A private copy of `checkpoint` rewritten from its decoded contents (checkpoint_rewrite) in
-    Determined's storage: (the copy, its steps). `on_record` checks the checkpoint's experiment.json
-    before its state is read. The caller removes the copy when the run ends."""
-    remove_stale_copies(storage_root)
+    """A private copy of `checkpoint` rewritten from its decoded contents (checkpoint_rewrite):
+    (the copy, its steps). Determined restores it by its absolute path (det_internals.restore_id).
+    `on_record` checks the checkpoint's experiment.json before its state is read. The caller
+    removes the copy when the run ends; a SIGTERM while it is written removes it too."""
+    remove_stale_copies()
     if not checkpoint.is_dir():
         raise ConfigError(f"{what} {checkpoint}: not a directory.")
     present = [name for name in REQUIRED if (checkpoint / name).exists() or (checkpoint / name).is_symlink()]
@@ -108,9 +165,10 @@ def prepare_resume(
             f"{what} {checkpoint}: not a checkpoint written by train.py "
             "(needs state_dict.pth, metadata.json and trial_state.pkl)."
         )
-    private = PrivateCopy(storage_root)
+    private = PrivateCopy()
     try:
-        steps = rewrite(checkpoint, private.path, expected, checkpoint, on_record).steps
+        with terminated_as_interrupt():
+            steps = rewrite(checkpoint, private.path, expected, checkpoint, on_record).steps
     except ConfigError as err:  # named as the user gave it: --resume, or a cluster's latest checkpoint
         private.remove()
         message = str(err)
@@ -121,35 +179,62 @@ def prepare_resume(
     return private, steps
 
 
-def verify_on_chief(
+class Terminated(KeyboardInterrupt):
+    """A SIGTERM while a resume writes its copy: unwinds like Ctrl-C (the copy is removed) and
+    ends the command as SIGTERM would (exit 143), with one line instead of a silent death."""
+
+
+@contextlib.contextmanager
+def terminated_as_interrupt() -> Iterator[None]:
+    """While the checkpoint is decoded and rewritten (seconds to minutes), SIGTERM raises
+    Terminated so that the half-written copy is removed, as Ctrl-C's KeyboardInterrupt does."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def raise_terminated(signum: int, frame: Any) -> None:
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def verify_per_machine(
     distributed: Any, checkpoint: Path, what: str, expected: Callable[[], ExpectedState]
 ) -> tuple[str, PrivateCopy | None]:
-    """A cluster's checkpoint on shared_fs: the chief alone rewrites it into a private directory
-    beside it (the storage every rank sees), from its decoded contents (bert-base: ~1.3 GB read
-    once instead of once per rank), and names it; every rank then restores that copy. A damaged
-    or foreign checkpoint stops them all with the same message (exit 2). Returns the copy's
-    storage id and, on the chief, the copy (None elsewhere) to remove after the run."""
+    """A cluster's checkpoint on shared_fs: each machine's local chief rewrites it into a private
+    directory on its own machine (private_root: no other user can reach it, which a directory in
+    the shared storage could not promise), from its decoded contents -- once per machine, not once
+    per rank -- and its local ranks restore that copy. A damaged or foreign checkpoint stops every
+    rank with the same message (exit 2). Returns the copy's storage id and, on a local chief, the
+    copy (None elsewhere) to remove after the run."""
     verdict: dict[str, Any] | None = None
     private: PrivateCopy | None = None
-    if distributed.rank == 0:
-        logger.info("verifying %s %s for all %d ranks", what, checkpoint, distributed.size)
+    if distributed.local_rank == 0:
+        logger.info("verifying %s %s for the %d local rank(s)", what, checkpoint, distributed.local_size)
         try:
-            private, steps = prepare_resume(checkpoint, checkpoint.parent, expected(), what)
-            verdict = {"steps": steps, "private": private.path.name}
+            private, steps = prepare_resume(checkpoint, expected(), what)
+            verdict = {"steps": steps, "private": det_internals.restore_id(private.path)}
         except ConfigError as err:
             verdict = {"error": str(err)}
-    verdict = distributed.broadcast(verdict)
-    if "error" in verdict:
-        raise ConfigError(verdict["error"])
-    return str(verdict["private"]), private
+    errors = [v["error"] for v in distributed.allgather(verdict) if v is not None and "error" in v]
+    if errors:
+        if private is not None:
+            private.remove()
+        raise ConfigError(errors[0])
+    restore = distributed.broadcast_local(verdict["private"] if verdict is not None else None)
+    return str(restore), private
 
 
 def restore_on_cluster(
     distributed: Any, checkpoint: Path, expected: Callable[[], ExpectedState], cleanup: contextlib.ExitStack
 ) -> str:
-    """The storage id every rank of a cluster trial restores: the chief's rewritten copy of the
-    master's latest checkpoint (verify_on_chief), which the chief removes after the run."""
-    name, private = verify_on_chief(distributed, checkpoint, "DET_LATEST_CHECKPOINT", expected)
+    """The storage id every rank of a cluster trial restores: its machine's rewritten copy of the
+    master's latest checkpoint (verify_per_machine), which the local chief removes after the run."""
+    name, private = verify_per_machine(distributed, checkpoint, "DET_LATEST_CHECKPOINT", expected)
     if private is not None:
         cleanup.callback(private.remove)
     return name
