@@ -246,9 +246,9 @@ def test_truncated_latest_checkpoint_is_refused_before_training(two_slots, tmp_p
     assert "DET_LATEST_CHECKPOINT" in record.logs[0] and "state_dict.pth" in record.logs[0]
     assert "damaged or truncated checkpoint" in record.logs[0]
     assert not [r for r in cluster.master.metrics if r["group"] == "training"]
-    # Only the chief read the state file; both ranks stopped with its verdict.
+    # Only the machine's local chief read the state file; both ranks stopped with its verdict.
     log = record.logs[0]
-    assert re.search(r"\[rank=0\].*verifying DET_LATEST_CHECKPOINT .* for all 2 ranks", log)
+    assert re.search(r"\[rank=0\].*verifying DET_LATEST_CHECKPOINT .* for the 2 local rank", log)
     assert not re.search(r"\[rank=1\].*verifying DET_LATEST_CHECKPOINT", log)
     assert re.search(r"\[rank=1\].*error: DET_LATEST_CHECKPOINT .*damaged or truncated checkpoint", log)
 

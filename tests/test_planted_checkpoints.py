@@ -535,3 +535,85 @@ def test_sigterm_while_the_copy_is_written_says_so_and_removes_it(
     assert "terminated while checking the checkpoint to resume" in err
     assert made and not made[0].exists()
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL or callable(signal.getsignal(signal.SIGTERM))
+
+
+# --------------------------------------------------------------------------------------------
+# The decoder's own costs and objects: linear in the file, nothing it made changeable.
+# --------------------------------------------------------------------------------------------
+
+
+def decode_refused(data: bytes, needle: str) -> None:
+    from extractive_qa.errors import ConfigError
+    from extractive_qa.launch.checkpoint_decode import STATE_GLOBALS, decode
+
+    with pytest.raises(ConfigError, match=needle):
+        decode(data, "trial_state.pkl", STATE_GLOBALS)
+
+
+def test_a_memo_index_far_past_the_opcodes_is_refused_before_any_table_is_made() -> None:
+    """LONG_BINPUT 2^27 in 6 bytes would make the C unpickler allocate a 2 GiB memo table."""
+    decode_refused(b"\x80\x02N" + b"r" + (1 << 27).to_bytes(4, "little") + b".", "memo entry 134217728")
+    decode_refused(b"\x80\x02" + b"h\x05" + b".", "never stored")
+
+
+def test_pickle_build_and_newobj_on_the_decoders_own_stand_ins_are_refused() -> None:
+    """BUILD on a shared stand-in (numpy.ndarray's) would change it for every later use; NEWOBJ
+    on a checking constructor would skip its checks. Both are refused, never a traceback."""
+    ndarray = b"\x80\x02cnumpy\nndarray\n"
+    decode_refused(ndarray + b"}q\x00X\x01\x00\x00\x00aK\x01sb.", "takes none|not a checkpoint pickle")
+    for name in (
+        b"numpy\ndtype\n",
+        b"numpy.core.multiarray\n_reconstruct\n",
+        b"torch._utils\n_rebuild_tensor_v2\n",
+    ):
+        decode_refused(b"\x80\x02c" + name + b")\x81.", "not a checkpoint pickle")
+    # A dtype given a second state after its checked one.
+    dtype = b"\x80\x02cnumpy\ndtype\nX\x02\x00\x00\x00u4\x89\x88\x87R"
+    state = b"(K\x03X\x01\x00\x00\x00<NNNJ\xff\xff\xff\xffJ\xff\xff\xff\xffK\x00tb"
+    decode_refused(dtype + state + b"(K\x03X\x01\x00\x00\x00|NNNJ\xff\xff\xff\xffJ\xff\xff\xff\xffK\x00tb.",
+                   "second state")  # fmt: skip
+
+
+def test_a_long_list_under_a_long_key_is_decoded_in_linear_time() -> None:
+    """One 8 MB key over a list of 2 million items: the error path is built only for an error, so
+    walking it costs what the file's size costs (it was a string per item: ~30 min of CPU)."""
+    import time
+
+    from extractive_qa.launch.checkpoint_decode import STATE_GLOBALS, decode
+
+    data = pickle.dumps({"k" * (8 << 20): [1] * 2_000_000}, protocol=2)
+    start = time.perf_counter()
+    decoded = decode(data, "trial_state.pkl", STATE_GLOBALS)
+    assert len(next(iter(decoded.values()))) == 2_000_000
+    assert time.perf_counter() - start < 30
+
+
+def test_error_messages_about_planted_values_never_raise(trained, tmp_path: Path) -> None:
+    """Keys of mixed types (sorting them raised TypeError) and an integer of 5,000 digits (its
+    repr raises ValueError) are named in the refusal, not raised from it."""
+    checkpoint, _ = trained
+    planted = copy_of(checkpoint, tmp_path)
+    state = {1: 0, "batches_trained": 10**5000}
+    (planted / "trial_state.pkl").write_bytes(pickle.dumps(state, protocol=2))
+    code, _, err = resume(checkpoint, planted, tmp_path)
+    refused(code, err, "trial_state.pkl", "not Determined's trial state")
+    nothing_written(tmp_path)
+
+
+def test_a_nan_learning_rate_or_moment_is_refused(trained, tmp_path: Path) -> None:
+    """An optimizer lr of NaN resumed, trained to F1 0 and wrote a NaN checkpoint."""
+    checkpoint, _ = trained
+    for change in ("lr", "moment"):
+        planted = copy_of(checkpoint, tmp_path, f"nan-{change}")
+        state = torch.load(planted / "state_dict.pth", weights_only=False)
+        optimizer = state["optimizers_state_dict"][0]
+        if change == "lr":
+            optimizer["param_groups"][0]["lr"] = float("nan")
+        else:
+            moments = next(iter(optimizer["state"].values()))
+            key = next(k for k, v in moments.items() if isinstance(v, torch.Tensor) and v.dim() > 0)
+            moments[key].view(-1)[0] = float("inf")
+        torch.save(state, planted / "state_dict.pth")
+        code, _, err = resume(checkpoint, planted, tmp_path)
+        refused(code, err, "state_dict.pth", "finite settings" if change == "lr" else "NaN or infinite")
+        nothing_written(tmp_path)

@@ -15,6 +15,7 @@ import collections
 import io
 import math
 import pickle
+import pickletools
 import re
 from typing import Any
 
@@ -40,10 +41,15 @@ PLAIN = (type(None), bool, int, float, str, bytes)
 
 class Recipe:
     """What the decoder makes instead of an object: the checked arguments of one, built only after
-    the whole pickle decoded. No __dict__, no __setstate__ unless it expects one: pickle's BUILD
-    on anything else fails."""
+    the whole pickle decoded. Made only through the checking functions STATE_GLOBALS names (pickle's
+    NEWOBJ needs a class, so it cannot skip their checks); pickle's BUILD always lands in
+    __setstate__, which refuses unless the recipe expects exactly one state; no __dict__, so no
+    attribute or method can be replaced."""
 
     __slots__ = ()
+
+    def __setstate__(self, state: Any) -> None:
+        raise ValueError(f"a state for a {type(self).__name__}, which takes none")
 
 
 class StorageType(Recipe):
@@ -83,6 +89,8 @@ class DtypeRecipe(Recipe):
 
     def __setstate__(self, state: Any) -> None:
         # (version, byte order, subarray, names, fields, elsize, alignment, flags) of a plain dtype
+        if self.order is not None:
+            raise ValueError("a second state for a numpy dtype")
         if not (isinstance(state, tuple) and 8 <= len(state) <= 9 and state[1] in ("<", "|", "=")
                 and state[2:5] == (None, None, None)):  # fmt: skip
             raise ValueError("numpy dtype state")
@@ -107,6 +115,8 @@ class ArrayRecipe(Recipe):
         self.shape, self.dtype, self.raw = None, None, None
 
     def __setstate__(self, state: Any) -> None:
+        if self.raw is not None:
+            raise ValueError("a second state for a numpy array")
         if not (isinstance(state, tuple) and len(state) == 5 and state[0] == 1):
             raise ValueError("numpy array state")
         _, shape, dtype, fortran, raw = state
@@ -178,15 +188,29 @@ def _rebuild_tensor(
     return TensorRecipe(storage, offset, size, stride)
 
 
+def _dtype(*args: Any) -> DtypeRecipe:
+    return DtypeRecipe(*args)
+
+
+def _reconstruct(*args: Any) -> ArrayRecipe:
+    return ArrayRecipe(*args)
+
+
+def _scalar(*args: Any) -> ScalarRecipe:
+    return ScalarRecipe(*args)
+
+
 _NUMPY_CORES = ("numpy.core.multiarray", "numpy._core.multiarray")
+# Functions and shared stand-ins, never classes: NEWOBJ on a function is an error, so every recipe
+# is made through its checks.
 STATE_GLOBALS: dict[tuple[str, str], Any] = {
     ("collections", "OrderedDict"): _ordered_dict,
     ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor,
     ("_codecs", "encode"): _latin1,
     ("numpy", "ndarray"): NdarrayType(),
-    ("numpy", "dtype"): DtypeRecipe,
-    **{(core, "_reconstruct"): ArrayRecipe for core in _NUMPY_CORES},
-    **{(core, "scalar"): ScalarRecipe for core in _NUMPY_CORES},
+    ("numpy", "dtype"): _dtype,
+    **{(core, "_reconstruct"): _reconstruct for core in _NUMPY_CORES},
+    **{(core, "scalar"): _scalar for core in _NUMPY_CORES},
     **{("torch", name): StorageType(dtype) for name, dtype in STORAGE_DTYPES.items()},
 }
 
@@ -249,6 +273,7 @@ def decode(
 ) -> Any:
     """One pickle -> new plain objects (dicts, lists, tuples, numbers, strings, tensors, NumPy
     arrays), or ConfigError naming the file and what it held."""
+    check_memo(data, where)
     decoder = Decoder(data, where, allowed, archive)
     try:
         raw = decoder.load()
@@ -266,7 +291,56 @@ def decode(
             raise refused(
                 where, f"holds {len(unused)} storage member(s) its pickle never uses ({sorted(unused)[0]})"
             )
-    return Rebuild(where).value(raw, "", 0)
+    return Rebuild(where).value(raw, (), 0)
+
+
+MEMO_PUTS = {"PUT", "BINPUT", "LONG_BINPUT"}
+MEMO_GETS = {"GET", "BINGET", "LONG_BINGET"}
+
+
+def check_memo(data: bytes, where: str) -> None:
+    """pickle's memo indices against the opcodes before them, in one pass: the pickler numbers its
+    memo 0, 1, 2, ..., so an index past the count of memo entries so far is a forgery -- and a
+    6-byte LONG_BINPUT of 2^27 would make the C unpickler allocate a 2 GiB memo table."""
+    entries = 0
+    try:
+        for opcode, arg, _ in pickletools.genops(data):
+            if opcode.name == "MEMOIZE":
+                entries += 1
+            elif opcode.name in MEMO_PUTS:
+                if not isinstance(arg, int) or not 0 <= arg <= entries:
+                    raise refused(
+                        where, f"stores memo entry {arg} after only {entries} (pickle numbers them)"
+                    )
+                entries += arg == entries
+            elif opcode.name in MEMO_GETS and (not isinstance(arg, int) or not 0 <= arg < entries):
+                raise refused(where, f"reads memo entry {arg}, which was never stored")
+    except ConfigError:
+        raise
+    except Exception as err:  # genops' own errors: a truncated or foreign opcode stream
+        raise refused(where, f"is not a checkpoint pickle of this trial ({str(err)[:200]})") from None
+
+
+def shown_path(path: tuple[Any, ...]) -> str:
+    """A value's place, built only for an error: [key][index]... (keys shortened)."""
+    if not path:
+        return "the top"
+    parts = []
+    for step in path:
+        if isinstance(step, str) and step.startswith("."):
+            parts.append(step)
+        else:
+            parts.append(f"[{short(step)}]")
+    return "".join(parts)[:300]
+
+
+def short(value: Any, width: int = 60) -> str:
+    """repr() for an error message, never raising (an int of 5,000 digits has no repr) and short."""
+    try:
+        text = repr(value)
+    except Exception:
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 class Rebuild:
@@ -276,51 +350,57 @@ class Rebuild:
     def __init__(self, where: str) -> None:
         self.where, self.nodes = where, 0
 
-    def value(self, node: Any, path: str, depth: int) -> Any:
+    def value(self, node: Any, path: tuple[Any, ...], depth: int) -> Any:
+        # `path` is a tuple of keys, formatted only for an error: building a string per item would
+        # cost a planted list of 2 million items under an 8 MB key hours of CPU.
         self.nodes += 1
         if depth > MAX_DEPTH or self.nodes > MAX_NODES:
             raise refused(
                 self.where,
-                f"nests deeper or holds more than a checkpoint of this trial (at {path or 'the top'})",
+                f"nests deeper or holds more than a checkpoint of this trial (at {shown_path(path)})",
             )
         kind = type(node)
         if kind in PLAIN:
             return node
         if kind is tuple or kind is list:
-            return kind(self.value(item, f"{path}[{i}]", depth + 1) for i, item in enumerate(node))
+            return kind(self.value(item, (*path, i), depth + 1) for i, item in enumerate(node))
         if kind is dict or kind is collections.OrderedDict:
             out = kind()
             for key, item in node.items():
                 if type(key) not in (str, int):
-                    raise refused(
-                        self.where, f"has a key of type {type(key).__name__} at {path or 'the top'}"
-                    )
-                out[key] = self.value(item, f"{path}[{key!r}]", depth + 1)
+                    raise refused(self.where, f"has a key of type {type(key).__name__} at {shown_path(path)}")
+                out[key] = self.value(item, (*path, key), depth + 1)
             if kind is collections.OrderedDict:
                 self.attributes(node, out, path, depth)
             return out
         if kind in (TensorRecipe, ArrayRecipe, ScalarRecipe):
             try:
                 return node.build()
-            except (ValueError, RuntimeError) as err:
-                raise refused(self.where, f"has a damaged value at {path or 'the top'} ({err})") from None
+            except Exception as err:  # a recipe left incomplete or inconsistent: refused, not raised
+                raise refused(
+                    self.where, f"has a damaged value at {shown_path(path)} ({short(err, 200)})"
+                ) from None
         raise refused(
-            self.where, f"holds a {kind.__name__} at {path or 'the top'}, which this trial never writes"
+            self.where, f"holds a {kind.__name__} at {shown_path(path)}, which this trial never writes"
         )
 
     def attributes(
-        self, node: collections.OrderedDict, out: collections.OrderedDict, path: str, depth: int
+        self, node: collections.OrderedDict, out: collections.OrderedDict, path: tuple[Any, ...], depth: int
     ) -> None:
         """A module state_dict's `_metadata` (each module's version), the one attribute torch keeps
         on the OrderedDicts it saves."""
         extra = vars(node)
         if set(extra) - {"_metadata"}:
-            raise refused(self.where, f"sets attribute(s) {sorted(extra)} at {path or 'the top'}")
+            raise refused(
+                self.where, f"sets attribute(s) {short(sorted(map(short, extra)), 200)} at {shown_path(path)}"
+            )
         if "_metadata" in extra:
-            metadata = self.value(extra["_metadata"], f"{path}._metadata", depth + 1)
+            metadata = self.value(extra["_metadata"], (*path, "._metadata"), depth + 1)
             if not isinstance(metadata, dict) or not all(
                 isinstance(k, str) and isinstance(v, dict) and all(isinstance(x, str) for x in v)
                 for k, v in metadata.items()
             ):
-                raise refused(self.where, f"has a module version record of another form at {path}")
+                raise refused(
+                    self.where, f"has a module version record of another form at {shown_path(path)}"
+                )
             out._metadata = metadata  # type: ignore[attr-defined]

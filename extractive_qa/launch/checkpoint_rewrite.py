@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import pickle
 import re
@@ -37,7 +38,7 @@ from extractive_qa.launch.checkpoint_archive import (
     refused,
     steps_of,
 )
-from extractive_qa.launch.checkpoint_decode import PLAIN, STATE_GLOBALS, decode
+from extractive_qa.launch.checkpoint_decode import PLAIN, STATE_GLOBALS, decode, short
 from extractive_qa.launch.identity import IDENTITY_RECORD
 
 MIB = 1 << 20
@@ -102,6 +103,12 @@ TOP_KEYS = (
 OPTIONAL_TOP_KEYS = ("scaler_state_dict",)
 
 
+def listed(keys: Any) -> str:
+    """Planted keys for an error message: shortened reprs, sorted as text (mixed types sort too)."""
+    names = sorted(short(k, 40) for k in keys)
+    return "[" + ", ".join(names[:8]) + (", ..." if len(names) > 8 else "") + "]"
+
+
 def check_state(state: Any, expected: ExpectedState, where: str) -> None:
     """Determined's checkpoint dict (pytorch/_pytorch_trial.py:1109-1127) as this trial writes it,
     with the model's names, shapes and dtypes and the optimizer's groups and moment shapes."""
@@ -113,7 +120,7 @@ def check_state(state: Any, expected: ExpectedState, where: str) -> None:
         raise fail("holds no checkpoint dictionary")
     keys = set(state)
     if not set(TOP_KEYS) <= keys or keys - set(TOP_KEYS) - set(OPTIONAL_TOP_KEYS):
-        raise fail(f"holds {sorted(keys)}, not Determined's {list(TOP_KEYS)}")
+        raise fail(f"holds {listed(keys)}, not Determined's {list(TOP_KEYS)}")
     models, optimizers, schedulers = (state[k] for k in TOP_KEYS[:3])
     for name, value in (("models_state_dict", models), ("optimizers_state_dict", optimizers),
                         ("lr_schedulers_state_dict", schedulers)):  # fmt: skip
@@ -141,7 +148,7 @@ def check_state(state: Any, expected: ExpectedState, where: str) -> None:
         raise fail("callbacks is not a dictionary of callback states")
     for name, value in callbacks.items():
         if name != "rank_random_state" and value:
-            raise fail(f"callback {name!r} has a state; none of this trial's does")
+            raise fail(f"callback {short(name)} has a state; none of this trial's does")
     ranks = callbacks.get("rank_random_state", {}).get("ranks")
     if set(callbacks.get("rank_random_state", {})) - {"ranks"} or (
         ranks is not None and (not isinstance(ranks, list) or not 0 < len(ranks) <= MAX_RANKS)
@@ -152,27 +159,47 @@ def check_state(state: Any, expected: ExpectedState, where: str) -> None:
 
 
 def plain_tree(value: Any) -> bool:
-    """Numbers, strings, None, and lists/tuples of them (a scheduler's or scaler's state)."""
+    """Numbers (finite), strings, None, and lists/tuples of them (a scheduler's or scaler's state)."""
     if isinstance(value, (list, tuple)):
         return all(plain_tree(v) for v in value)
-    return type(value) in PLAIN
+    return type(value) in PLAIN and not (type(value) is float and not math.isfinite(value))
+
+
+# An optimizer group's settings a resume takes over: each finite and in its range (an lr of NaN
+# would train to F1 0 and write a NaN checkpoint).
+GROUP_RANGES = {"lr": (0.0, 1.0), "eps": (0.0, 1.0), "weight_decay": (0.0, 10.0), "initial_lr": (0.0, 1.0)}
+
+
+def check_group_settings(group: dict, fail: Any) -> None:
+    for key, (low, high) in GROUP_RANGES.items():
+        value = group.get(key)
+        if value is not None and (type(value) not in (int, float) or not low <= value <= high):
+            raise fail(f"optimizer setting {key} is {short(value)}, outside [{low}, {high}]")
+    betas = group.get("betas")
+    if betas is not None and not (
+        isinstance(betas, (list, tuple)) and len(betas) == 2
+        and all(type(b) in (int, float) and 0.0 <= b < 1.0 for b in betas)
+    ):  # fmt: skip
+        raise fail(f"optimizer setting betas is {short(betas)}, not two numbers in [0, 1)")
+
+
+def finite(tensor: torch.Tensor) -> bool:
+    return not tensor.dtype.is_floating_point or bool(torch.isfinite(tensor).all())
 
 
 def check_model(model: dict, expected: ExpectedState, fail: Any) -> None:
     names = list(model)
-    if names and all(n.startswith("module.") for n in names):  # written by several ranks (DDP)
+    if names and all(isinstance(n, str) and n.startswith("module.") for n in names):  # DDP's ranks wrote it
         names = [n[len("module.") :] for n in names]
     if set(names) != set(expected.tensors):
-        extra, missing = (
-            sorted(set(names) - set(expected.tensors)),
-            sorted(set(expected.tensors) - set(names)),
-        )
-        listed = (f"{len(extra)} name(s) the model lacks, e.g. {extra[0]}" if extra else "") + (
+        extra = sorted(short(n) for n in set(names) - set(expected.tensors))
+        missing = sorted(set(expected.tensors) - set(names))
+        differs = (f"{len(extra)} name(s) the model lacks, e.g. {extra[0]}" if extra else "") + (
             f"{'; ' if extra else ''}lacks {len(missing)} of the model's, e.g. {missing[0]}"
             if missing
             else ""
         )
-        raise fail(f"models_state_dict does not match the model ({listed})")
+        raise fail(f"models_state_dict does not match the model ({differs})")
     for name, tensor in zip(names, model.values(), strict=True):
         shape, dtype = expected.tensors[name]
         # Weights load across float dtypes (load_state_dict casts); integer buffers must match.
@@ -186,11 +213,13 @@ def check_model(model: dict, expected: ExpectedState, fail: Any) -> None:
                 else type(tensor).__name__
             )
             raise fail(f"models_state_dict {name} is {got}, the model's is {shape} {dtype}")
+        if not finite(tensor):
+            raise fail(f"models_state_dict {name} holds NaN or infinite values")
 
 
 def check_optimizer(optimizer: dict, expected: ExpectedState, fail: Any) -> None:
     if set(optimizer) != {"state", "param_groups"}:
-        raise fail(f"optimizers_state_dict holds {sorted(optimizer)}, not state and param_groups")
+        raise fail(f"optimizers_state_dict holds {listed(optimizer)}, not state and param_groups")
     groups, states = optimizer["param_groups"], optimizer["state"]
     if (
         not isinstance(groups, list)
@@ -199,7 +228,8 @@ def check_optimizer(optimizer: dict, expected: ExpectedState, fail: Any) -> None
         raise fail("optimizers_state_dict's parameter groups are not this optimizer's")
     for group in groups:
         if not all(type(k) is str and plain_tree(v) for k, v in group.items()):
-            raise fail("optimizers_state_dict's parameter groups hold more than settings")
+            raise fail("optimizers_state_dict's parameter groups hold more than finite settings")
+        check_group_settings(group, fail)
     if not isinstance(states, dict):
         raise fail("optimizers_state_dict's state is not a dictionary")
     for index, moments in states.items():
@@ -208,17 +238,19 @@ def check_optimizer(optimizer: dict, expected: ExpectedState, fail: Any) -> None
             or not 0 <= index < len(expected.parameters)
             or not isinstance(moments, dict)
         ):
-            raise fail(f"optimizers_state_dict's state has an entry {index!r} for no parameter")
+            raise fail(f"optimizers_state_dict's state has an entry {short(index)} for no parameter")
         name, shape = expected.parameters[index]
         for key, value in moments.items():
             if type(key) is not str:
-                raise fail(f"optimizers_state_dict's state of {name} has a key {key!r}")
+                raise fail(f"optimizers_state_dict's state of {name} has a key {short(key)}")
             if isinstance(value, torch.Tensor):
                 if tuple(value.shape) not in (shape, ()) or not value.dtype.is_floating_point:
                     got = f"{tuple(value.shape)} {value.dtype}"
                     raise fail(f"optimizer state {key} of {name} is {got}, the parameter is {shape}")
-            elif type(value) not in (int, float, bool):
-                raise fail(f"optimizer state {key} of {name} is a {type(value).__name__}")
+                if not finite(value):
+                    raise fail(f"optimizer state {key} of {name} holds NaN or infinite values")
+            elif type(value) not in (int, float, bool) or not plain_tree(value):
+                raise fail(f"optimizer state {key} of {name} is {short(value)}, not a finite number")
 
 
 def check_rng(state: Any, required: tuple[str, str, str], optional: str, fail: Any, where: str) -> None:
@@ -245,7 +277,7 @@ def check_rng(state: Any, required: tuple[str, str, str], optional: str, fail: A
             and numpy_state[3] in (0, 1) and type(numpy_state[4]) is float):  # fmt: skip
         raise fail(f"{where}: NumPy's random state is not an MT19937 state")
     words = python_state[1] if isinstance(python_state, tuple) and len(python_state) == 3 else None
-    if not (python_state[0:1] == (3,) and isinstance(words, tuple) and len(words) == 625
+    if not (isinstance(words, tuple) and python_state[0:1] == (3,) and len(words) == 625
             and all(type(w) is int and 0 <= w < 1 << 32 for w in words)
             and (python_state[2] is None or type(python_state[2]) is float)):  # fmt: skip
         raise fail(f"{where}: Python's random state is not a Mersenne Twister state")
@@ -255,11 +287,11 @@ def check_trial_state(state: Any, steps: int, shown: Path) -> dict[str, int]:
     """trial_state.pkl: exactly Determined's _TrialState fields, counts that agree with
     metadata.json's steps_completed."""
     if not isinstance(state, dict) or set(state) != set(TRIAL_STATE_FIELDS):
-        got = sorted(state) if isinstance(state, dict) else type(state).__name__
+        got = listed(state) if isinstance(state, dict) else type(state).__name__
         raise refused(str(shown), f"holds {got}, not Determined's trial state {list(TRIAL_STATE_FIELDS)}")
     for name in TRIAL_STATE_FIELDS:
         if type(state[name]) is not int or state[name] < 0:
-            raise refused(str(shown), f"{name} is {state[name]!r}, not a non-negative integer")
+            raise refused(str(shown), f"{name} is {short(state[name])}, not a non-negative integer")
     if state["batches_trained"] != steps:
         raise refused(
             str(shown), f"records {state['batches_trained']} batches trained, metadata.json {steps}; "
