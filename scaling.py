@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import io
 import itertools
 import json
 import os
@@ -38,7 +39,14 @@ from extractive_qa import cli  # first: a Ctrl-C while the libraries load is one
 from extractive_qa.config import experiment, run_plan
 from extractive_qa.config.settings import OPTIMIZERS, Hyperparameters
 from extractive_qa.errors import ConfigError, DataError, ScalingError
-from extractive_qa.files import ROOT, check_output_dir
+from extractive_qa.files import (
+    ROOT,
+    check_new_directory,
+    check_output_dir,
+    check_outputs,
+    write_bytes_atomic,
+    write_text_atomic,
+)
 from extractive_qa.scaling_runs import STUDY_LABEL, RunInputs, Variant
 from extractive_qa.trial.optimization import apply_recipe
 
@@ -251,10 +259,28 @@ def _fmt(value: Any, spec: str = "") -> str:
     return "-" if value is None else format(value, spec)
 
 
+REPORT_FILES = ("report.json", "report.md", "report.png")
+LOCAL_FILES = (*REPORT_FILES, "configs", "runs", "checkpoints")  # what `local` writes into --out
+
+
+def check_report_outputs(args: argparse.Namespace) -> None:
+    """--out as every writer's outputs are checked (files.check_outputs: no link, no checkpoint,
+    nothing the project uploads); `local` also takes a new directory or one holding only what an
+    earlier `local` wrote, since it writes configs/, runs/ and checkpoints/ there."""
+    out = args.out.resolve()
+    check_output_dir(out, "--out")
+    if args.command == "local":
+        inputs = {"--config": args.config}
+        check_outputs({"--out": out, **{f"--out ({n})": out / n for n in LOCAL_FILES}}, inputs)
+        check_new_directory(out, "--out", LOCAL_FILES)
+    else:
+        check_outputs({f"--out ({n})": out / n for n in REPORT_FILES}, {}, new_files_in_upload=True)
+
+
 def write_report(report: dict[str, Any], out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
-    paths = [out / "report.json", out / "report.md", out / "report.png"]
-    paths[0].write_text(json.dumps(report, indent=1))
+    paths = [out / name for name in REPORT_FILES]
+    write_text_atomic(paths[0], json.dumps(report, indent=1))
     lines = [
         f"# Scaling study {report['study']}",
         "",
@@ -279,7 +305,7 @@ def write_report(report: dict[str, Any], out: Path) -> list[Path]:
         lines += ["", "Notes:", ""] + [f"- {name}: {note}" for name, note in notes]
     lines += ["", "Definitions:", ""] + [f"- {k}: {v}" for k, v in report["definitions"].items()]
     lines += ["", "![speedup vs slots](report.png)"]
-    paths[1].write_text("\n".join(lines) + "\n")
+    write_text_atomic(paths[1], "\n".join(lines) + "\n")
     plot(report, paths[2])
     return paths
 
@@ -307,7 +333,9 @@ def plot(report: dict[str, Any], path: Path) -> None:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    image = io.BytesIO()
+    fig.savefig(image, format="png", dpi=120)
+    write_bytes_atomic(path, image.getvalue())  # replaced whole, never written through a link
     plt.close(fig)
 
 
@@ -359,8 +387,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command in ("launch", "report") and not args.master and not getattr(args, "dry_run", False):
             raise ScalingError("--master URL (or DET_MASTER) is required for launch and report.")
-        if args.command in ("report", "local"):  # a directory the report goes to, before any work
-            check_output_dir(args.out.resolve(), "--out")
+        if args.command in ("report", "local"):  # where the report goes, before any work
+            check_report_outputs(args)
         from extractive_qa import scaling_runs
 
         if args.command == "report":

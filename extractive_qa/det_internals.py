@@ -171,6 +171,38 @@ def shared_fs_checkpoint(exp_conf: dict[str, Any], uuid: str) -> Path | None:
     return Path(manager._base_path) / uuid
 
 
+@contextlib.contextmanager
+def code_copy_that_keeps_the_state() -> Iterator[None]:
+    """Determined's checkpoint begins by copying the project into code/ (pytorch/_pytorch_trial.py:1091,
+    util.write_user_code: shutil.copytree, util.py:271) and only then writes the state. A file
+    that breaks during training (a link whose target is unmounted, a file made unreadable) made
+    copytree raise shutil.Error there, ending the run with the trained state unsaved. While this is
+    active the copy's failures are named in one warning and the checkpoint goes on: code/ holds
+    every file that could be copied, the state is written."""
+    import shutil
+
+    from determined import util
+
+    original = util.write_user_code
+
+    def write_user_code(path: Path, on_cluster: bool) -> None:
+        try:
+            original(path, on_cluster)
+        except (shutil.Error, OSError) as err:
+            failed = err.args[0] if isinstance(err, shutil.Error) and err.args else [(str(err), "", "")]
+            named = "; ".join(f"{src}: {why}" for src, _, why in failed[:3])
+            logging.getLogger("squad").warning(
+                "the checkpoint's copy of the project (code/) left out %d file(s) (%s); the trained "
+                "state is saved. Remove or repair them, or list them in .detignore.", len(failed), named,
+            )  # fmt: skip
+
+    util.write_user_code = write_user_code
+    try:
+        yield
+    finally:
+        util.write_user_code = original
+
+
 def restore_id(path: Path) -> str:
     """The storage id under which Determined restores a checkpoint directory outside its storage
     root: the absolute path. Its shared_fs storage manager (local runs and shared_fs clusters)

@@ -96,6 +96,8 @@ def check_outputs(
 
     - is an input, or lies inside an input directory (a checkpoint being read: `--out
       CK/hf/model.safetensors` would replace the model the command is reading);
+    - is a link (it would write through it), or lies inside a checkpoint or export directory
+      (checkpoint_holding: another checkpoint's metadata.json or hf/qa_settings.json);
     - lies inside the project directory that `det experiment create` uploads and every local
       checkpoint copies into its code/ (outside .detignore) -- except, with `new_files_in_upload`,
       a file that does not exist yet (data.py --convert: converted data may be meant to travel
@@ -103,6 +105,11 @@ def check_outputs(
     """
     project = Path(os.path.realpath(ROOT))
     for out_flag, output in outputs.items():
+        if Path(output).is_symlink():
+            raise DataError(
+                f"{out_flag} {output}: is a symbolic link; writing there would write to whatever it "
+                "points at. Give the output a plain name (remove the link)."
+            )
         target = Path(os.path.realpath(output))
         for in_flag, given in inputs.items():
             if given is None or not (Path(given).exists() or Path(given).is_symlink()):
@@ -118,6 +125,12 @@ def check_outputs(
                     f"{out_flag} {output}: is inside {source}, which this command reads ({in_flag}); "
                     "writing there would change what it reads. Choose an output outside it."
                 )
+        holder = checkpoint_holding(target)
+        if holder is not None:
+            raise DataError(
+                f"{out_flag} {output}: lies inside {holder}, a checkpoint or export this command did "
+                "not make; writing there would change what it holds. Choose an output outside it."
+            )
         if target == project or (target.is_relative_to(project) and uploaded(project, target)):
             if new_files_in_upload and not target.exists() and target != project:
                 continue
@@ -127,6 +140,19 @@ def check_outputs(
                 "and would travel with every experiment. Write it outside the project, or under a "
                 "name .detignore leaves out (runs/, answers/, exported/, preds.json)."
             )
+
+
+# What makes a directory a checkpoint or an export this project wrote: files a command must never
+# write into unless it is making that directory itself.
+CHECKPOINT_MARKS = (("metadata.json", "state_dict.pth"), ("qa_settings.json",), ("export.json",))
+
+
+def checkpoint_holding(target: Path) -> Path | None:
+    """The checkpoint or export directory above `target` (a resolved path), if any."""
+    for directory in target.parents:
+        if any(all((directory / name).is_file() for name in marks) for marks in CHECKPOINT_MARKS):
+            return directory
+    return None
 
 
 def check_new_directory(path: Path, flag: str, own_files: tuple[str, ...] = ()) -> None:

@@ -17,7 +17,7 @@ from extractive_qa import det_internals, reading
 from extractive_qa.config import experiment
 from extractive_qa.config.settings import Hyperparameters
 from extractive_qa.errors import ScalingError
-from extractive_qa.files import ROOT
+from extractive_qa.files import ROOT, write_text_atomic
 
 # --------------------------------------------------------------------------------------------
 # A planned run, and what a run reported.
@@ -150,7 +150,7 @@ def run_local(series: Sequence[Variant], batches: int, out: Path) -> list[RunInp
         conf_path, metrics = out / "configs" / f"{stem}.yaml", out / "runs" / f"{stem}.json"
         conf_path.parent.mkdir(parents=True, exist_ok=True)
         metrics.parent.mkdir(parents=True, exist_ok=True)
-        conf_path.write_text(yaml.safe_dump(conf, sort_keys=False))
+        write_text_atomic(conf_path, yaml.safe_dump(conf, sort_keys=False))
         program = [str(ROOT / "train.py"), "--config", str(conf_path), "--batches", str(batches)]
         program += ["--metrics-out", str(metrics), "--checkpoint-dir", str(out / "checkpoints")]
         # Each process gets its share of the cores, as each GPU is its own device on a cluster.

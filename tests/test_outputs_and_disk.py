@@ -311,3 +311,86 @@ def test_a_forged_feature_cache_is_rebuilt_not_trained_on(tokenizer, tmp_path: P
         features, state = prepare_features(squad, tokenizer, EMBEDDED_MODEL, spec, "validation", tmp_path)
     assert state == "rebuilt" and "outside the tokenizer" in caplog.text
     assert np.array_equal(features.input_ids, original)
+
+
+def test_no_output_lands_inside_another_checkpoint_or_through_a_link(trained, tmp_path: Path) -> None:
+    """predict.py --out onto another checkpoint's hf/qa_settings.json, train.py --metrics-out onto
+    another checkpoint's metadata.json, and an output that is a link: each refused before any
+    work, the other checkpoint unchanged (files.check_outputs: checkpoint_holding, the link rule)."""
+    import shutil
+
+    checkpoint, _ = trained
+    other = tmp_path / "other"
+    shutil.copytree(checkpoint, other)
+    settings, metadata = other / "hf" / "qa_settings.json", other / "metadata.json"
+    before = settings.read_bytes(), metadata.read_bytes()
+    code, _, err = run_main(["predict.py", "--checkpoint", str(checkpoint), "--squad",
+                             "squad_data/dev-v1.1-excerpt.json", "--out", str(settings)])  # fmt: skip
+    assert code == 2 and "a checkpoint or export this command did not make" in err, err
+    config = str(trained_config(checkpoint))
+    code, _, err = run_train(["--config", config, "--batches", "1", "--checkpoint-dir", str(tmp_path / "c"),
+                              "--metrics-out", str(metadata)])  # fmt: skip
+    assert code == 2 and "a checkpoint or export this command did not make" in err, err
+    (tmp_path / "link.json").symlink_to(tmp_path / "elsewhere.json")
+    link = str(tmp_path / "link.json")
+    code, _, err = run_main(["predict.py", "--checkpoint", str(checkpoint), "--squad",
+                             "squad_data/dev-v1.1-excerpt.json", "--out", link])  # fmt: skip
+    assert code == 2 and "is a symbolic link" in err and not (tmp_path / "elsewhere.json").exists()
+    assert (settings.read_bytes(), metadata.read_bytes()) == before
+
+
+def test_scaling_local_out_follows_the_writers_rules(tmp_path: Path) -> None:
+    """scaling.py local --out had no check: it replaced a user's report.md, followed a report.json
+    link onto another file, and with --out = the project wrote configs/ into the upload."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "report.md").write_text("my notes")
+    (mine / "notes.txt").write_text("keep")
+    local = ["scaling.py", "local", "--config", "local.yaml", "--slots", "1", "--batches", "1"]
+    code, _, err = run_main([*local, "--out", str(mine)])
+    assert code == 2 and "did not write (notes.txt)" in err, err
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / "report.json").symlink_to(tmp_path / "precious.json")
+    code, _, err = run_main([*local, "--out", str(linked)])
+    assert code == 2 and "is a symbolic link" in err, err
+    code, _, err = run_main([*local, "--out", str(ROOT)])
+    assert code == 2 and "project directory" in err, err
+    assert (mine / "report.md").read_text() == "my notes" and not (ROOT / "configs").exists()
+
+
+def test_files_the_checkpoint_copy_cannot_copy_are_named_before_training(tmp_path: Path, caplog) -> None:
+    """A dangling link or a pipe in the project made Determined's copy of it into the first
+    checkpoint raise shutil.Error after training (the state lost). Refused before training; and
+    should one break during training, the checkpoint keeps its state and names the file."""
+    import os
+
+    from extractive_qa import det_internals
+    from extractive_qa.errors import ConfigError
+    from extractive_qa.launch.storage import check_upload_links
+
+    project, checkpoints = tmp_path / "project", tmp_path / "ckpt"
+    project.mkdir()
+    checkpoints.mkdir()
+    (project / "model_def.py").write_text("# the trial\n")
+    check_upload_links(project, checkpoints)
+    (project / "mydata").symlink_to("/nonexistent/unmounted")
+    with pytest.raises(ConfigError, match="mydata: a link to /nonexistent/unmounted, which does not exist"):
+        check_upload_links(project, checkpoints)
+    (project / "mydata").unlink()
+    os.mkfifo(project / "pipe")
+    with pytest.raises(ConfigError, match="pipe: a pipe, socket or device"):
+        check_upload_links(project, checkpoints)
+    (project / "pipe").unlink()
+    (project / "mydata").symlink_to("/nonexistent/unmounted")  # broken after the check
+    from determined import util
+
+    here = Path.cwd()
+    os.chdir(project)
+    try:
+        with det_internals.code_copy_that_keeps_the_state(), caplog.at_level("WARNING", logger="squad"):
+            util.write_user_code(tmp_path / "checkpoint", False)
+    finally:
+        os.chdir(here)
+    assert (tmp_path / "checkpoint" / "code" / "model_def.py").is_file()
+    assert "mydata" in caplog.text and "the trained state is saved" in caplog.text

@@ -194,7 +194,11 @@ class LocalRun:
         before = {p.name for p in self.storage.iterdir()} if self.storage.is_dir() else set()
         if self.private is not None:
             self.private.verify()  # the directory Determined reads next is still the one written
-        with det_internals.resume_at(self.source.steps_completed), self.stop or contextlib.nullcontext():
+        with (
+            det_internals.resume_at(self.source.steps_completed),
+            det_internals.code_copy_that_keeps_the_state(),
+            self.stop or contextlib.nullcontext(),
+        ):
             try:
                 trainer.fit(**self.plan.fit_kwargs(self.source.latest_checkpoint, False))
             except interruption.StoppedNow:  # a second Ctrl-C

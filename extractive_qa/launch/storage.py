@@ -8,6 +8,7 @@ import errno
 import logging
 import os
 import shutil
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ def check_local_storage(checkpoint_dir: Path, root: Path) -> None:
 
 
 MAX_UPLOAD_DIRS = 100_000  # directories walked through links before the walk gives up (and refuses)
+MAX_UPLOAD_BYTES = 96_000_000  # Determined's limit on an experiment's context
 
 
 def check_upload_links(root: Path, checkpoint_dir: Path) -> None:
@@ -38,6 +40,7 @@ def check_upload_links(root: Path, checkpoint_dir: Path) -> None:
     end. The walk here follows links as that copy does, each real directory once."""
     checkpoints, project = checkpoint_dir.resolve(), root.resolve()
     seen: set[Path] = set()
+    uploaded_bytes = 0
     stack: list[tuple[Path, Path | None]] = [(root, None)]  # (path as the copy sees it, first link on it)
     while stack:
         folder, via = stack.pop()
@@ -68,9 +71,45 @@ def check_upload_links(root: Path, checkpoint_dir: Path) -> None:
             try:
                 is_dir = entry.is_dir()  # follows a link, as the copy does
             except OSError:
+                is_dir = False
+            if not uploaded(root, path):
                 continue
-            if is_dir and uploaded(root, path):
+            if is_dir:
                 stack.append((path, via or (path if entry.is_symlink() else None)))
+            else:
+                uploaded_bytes += copyable_size(path)
+                if uploaded_bytes > MAX_UPLOAD_BYTES:
+                    raise ConfigError(
+                        f"{root}: more than {MAX_UPLOAD_BYTES // 1_000_000} MB would be uploaded and "
+                        "copied into every checkpoint (Determined refuses larger contexts); list "
+                        "what the experiment does not need (data, outputs) in .detignore."
+                    )
+
+
+def copyable_size(path: Path) -> int:
+    """The bytes Determined's copy of `path` into a checkpoint's code/ reads; a dangling link, a
+    pipe, socket or device, or a file this user cannot read is refused here, before training --
+    at the first checkpoint the copy would fail with the trained state unsaved."""
+    fix = "Remove it, or list it in .detignore."
+    try:
+        info = path.stat()  # follows a link, as the copy does
+    except FileNotFoundError:
+        raise ConfigError(
+            f"{path}: a link to {os.readlink(path)}, which does not exist; Determined copies the project "
+            f"into every checkpoint and would fail at the first one. {fix}"
+        ) from None
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot be read ({err.strerror}); {fix}") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise ConfigError(
+            f"{path}: a pipe, socket or device in the project; Determined's copy into every checkpoint "
+            f"would stop on it. {fix}"
+        )
+    if not os.access(path, os.R_OK):
+        raise ConfigError(
+            f"{path}: this user cannot read it; the copy into every checkpoint would fail. {fix}"
+        )
+    return info.st_size
 
 
 def prepare_local_storage(checkpoint_dir: Path) -> None:
