@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import scaling
+from extractive_qa import scaling_runs
 from extractive_qa.config import experiment
 from extractive_qa.config.model_family import EMBEDDED_MODEL, resolve_pretrained
 from extractive_qa.files import ROOT
@@ -67,7 +68,7 @@ def config_for(slots: int, agg: int, batches: int, compression: bool, dev: Path)
     return conf, hp
 
 
-def run(tmp: Path, conf: dict, hp: dict, machines: int, link: str) -> scaling.RunInputs:
+def run(tmp: Path, conf: dict, hp: dict, machines: int, link: str) -> scaling_runs.RunInputs:
     env = {"GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1"}
     with det_netns.machines(machines, link=link) as net:
         DELAYS.add(net.delay)
@@ -79,7 +80,7 @@ def run(tmp: Path, conf: dict, hp: dict, machines: int, link: str) -> scaling.Ru
     name = f"{machines}x1 {link if machines > 1 else 'local'} agg{opt['aggregation_frequency']}" + (
         " fp16" if opt["gradient_compression"] else ""
     )
-    return scaling.RunInputs(
+    return scaling_runs.RunInputs(
         name=name,
         state="COMPLETED" if ok else "ERROR",
         slots=machines,
@@ -169,7 +170,7 @@ def main() -> int:
     plan = [(1, a, "10gbit", False) for a in aggs]
     plan += [(2, a, link, False) for link in links for a in aggs]
     plan += [(2, a, slowest, True) for a in aggs]
-    runs: list[scaling.RunInputs] = []
+    runs: list[scaling_runs.RunInputs] = []
     started = time.time()
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)

@@ -18,7 +18,7 @@ ENTRY_SCRIPTS = {p.stem for p in ROOT.glob("*.py")}
 # The stages in the order a run goes through them; the base serves them all.
 BASE = ("errors", "reading", "cli", "det_internals", "files", "compat")
 STAGES = ("config", "data", "qa", "launch", "trial", "serve")
-TOP = ("dry_run", "scaling_runs")
+TOP = ("dry_run", "scaling_runs", "scaling_report")
 # Past this, a module says in its docstring why it is still one idea ("One idea: ...").
 REVIEW_LINES = 400
 TEST_LINES = 60

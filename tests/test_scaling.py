@@ -99,7 +99,7 @@ def test_clear_errors(args: list[str], message: str) -> None:
 
 def _run(name: str, slots: int, batch: int, times: list[float], state: str = "COMPLETED", **kw: Any) -> Any:
     steps = [10 * (i + 1) for i in range(len(times))]
-    return scaling.RunInputs(
+    return scaling_runs.RunInputs(
         name,
         state,
         slots=slots,
@@ -297,7 +297,7 @@ def test_the_trials_own_rates_pool_over_windows_by_their_batches() -> None:
     samples over all their seconds, 30 / (10/10 + 20/40) = 20/s (the mean of the rates would say
     25); the shares weighted by batches; a restart's repeated step and reports without perf_*
     are left out."""
-    run = scaling.RunInputs(
+    run = scaling_runs.RunInputs(
         "r", "COMPLETED", slots=1, global_batch_size=4, aggregation=1, optimizer="adamw",
         training=[(10, 1.0), (30, 3.0)], validation=[],
         reported=[

@@ -7,6 +7,10 @@ only inside new dicts, lists and tuples. Nothing the file holds is passed on as 
 What a checkpoint of this trial holds: weights and the optimizer's state (torch tensors), every
 rank's random state (NumPy's MT19937 key array, torch's byte state, Python's tuple), numbers,
 strings, and the OrderedDicts torch saves module states in.
+
+One idea: what a pickle may make, and the walk that builds it again -- the opcodes' memo checked
+first, the allowed globals, the recipes they return and the rebuild that turns recipes into new
+values are one contract, changed together.
 """
 
 from __future__ import annotations
