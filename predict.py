@@ -107,10 +107,11 @@ def answer_one(predictor: Predictor, question: str, context: str) -> dict[str, A
             "end": max(end, 0)}  # fmt: skip
 
 
-def answer_file(predictor: Predictor, args: argparse.Namespace) -> dict[str, Any]:
+def answer_file(
+    predictor: Predictor, squad: squad_files.SquadSet, args: argparse.Namespace
+) -> dict[str, Any]:
     """Every question of --squad, written to --out (id -> answer) and/or --out-dir (predictions,
     null odds, n-best)."""
-    squad = squad_files.load_squad(args.squad, training=False)
     if squad.version == "2.0" and predictor.settings.squad_version == "1.1":
         print(f"predict: warning: {args.squad} is SQuAD v2.0, but this checkpoint was trained on v1.1: it "
               "never answers \"\" and unanswerable questions count as wrong.", file=sys.stderr)  # fmt: skip
@@ -135,12 +136,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.single:
             check_question(args)
         check_writes(args)
-        predictor = Predictor(args.checkpoint, args.device, args.batch_size, args.precision, args.runtime)
-        predictor.null_threshold_from(args.null_threshold)
-        if args.single:
+        # What needs no model is checked first: the data, then (in Predictor, before the weights
+        # load) the checkpoint's settings and --null-threshold.
+        squad = None if args.single else squad_files.load_squad(args.squad, training=False)
+        predictor = Predictor(args.checkpoint, args.device, args.batch_size, args.precision, args.runtime,
+                              null_threshold=args.null_threshold)  # fmt: skip
+        if squad is None:
             result = answer_one(predictor, args.question, args.context)
         else:
-            result = answer_file(predictor, args)
+            result = answer_file(predictor, squad, args)
     except (DataError, ConfigError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

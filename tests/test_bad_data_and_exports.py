@@ -286,3 +286,29 @@ def test_predict_refuses_weights_that_are_not_the_models(
     code, out, err = run_main(["predict.py", "--checkpoint", str(planted), "--question", "Who won?",
                                "--context", "Denver won."])  # fmt: skip
     assert code == 2 and needle in err and out == "" and "Traceback" not in err, err
+
+
+def test_null_threshold_tuned_without_a_tuned_threshold_is_refused_before_the_model_loads(
+    trained, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A v2.0 checkpoint saved before any validation has no tuned threshold: said at once, not
+    after the tokenizer and weights load (seconds to a minute)."""
+    import shutil
+
+    from extractive_qa.serve import model_weights, predictor
+
+    checkpoint, _ = trained
+    planted = tmp_path / "v2"
+    shutil.copytree(checkpoint, planted)
+    settings = planted / "hf" / "qa_settings.json"
+    raw = json.loads(settings.read_text())
+    settings.write_text(json.dumps({**raw, "squad_version": "2.0", "tuned_null_threshold": None}))
+
+    def loaded(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the model or tokenizer was loaded before the check")
+
+    monkeypatch.setattr(predictor, "load_tokenizer", loaded)
+    monkeypatch.setattr(model_weights, "load_model", loaded)
+    code, out, err = run_main(["predict.py", "--checkpoint", str(planted), "--question", "Who won?",
+                               "--context", "Denver won.", "--null-threshold", "tuned"])  # fmt: skip
+    assert code == 2 and "holds no tuned threshold" in err and out == "", err

@@ -61,10 +61,12 @@ class Predictor:
         batch_size: int | None = None,
         precision: str | None = None,
         runtime: str = "torch",
+        null_threshold: str | None = None,
     ):
         hf = find_hf_dir(checkpoint)
         self.hf, self.runtime = hf, runtime
         self.settings = qa_settings.QASettings.load(hf)
+        self.null_threshold_from(null_threshold)  # before any tokenizer or weights load
         if not (hf / "tokenizer.json").is_file():  # without it transformers builds a stand-in
             raise DataError(
                 f"--checkpoint {checkpoint}: {hf / 'tokenizer.json'} is missing (every export "
@@ -87,7 +89,6 @@ class Predictor:
                 f"the model's {limit} positions; the file is damaged or edited: re-export the checkpoint."
             )
         self.batch_size = batch_size or self.settings.eval_batch_size
-        self.null_threshold: float | None = None
         if runtime == "torch":
             self.forward = self._torch_model(checkpoint, hf, device, precision)
         else:
@@ -204,7 +205,7 @@ class Predictor:
     def null_threshold_from(self, choice: str | None) -> None:
         """--null-threshold: `tuned` (the checkpoint's best_f1 threshold), a number, or (None) the
         run's data.null_score_diff_threshold."""
-        self.null_threshold = None
+        self.null_threshold: float | None = None
         if choice is None:
             return
         if self.settings.squad_version != "2.0":
