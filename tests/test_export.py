@@ -97,6 +97,11 @@ def test_export_refusals(trained: tuple[Path, dict], tmp_path: Path, monkeypatch
         Predictor(str(checkpoint), runtime="onnx")
     out = tmp_path / "x"
     export_dir.export(str(checkpoint), out, None, 16, int8=False)
+    export_dir.export(str(checkpoint), out, None, 16, int8=False)  # the same command again: its own files
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(DataError, match=r"did not write \(notes.txt\)"):
+        export_dir.export(str(checkpoint), out, None, 16, int8=False)
+    (out / "notes.txt").unlink()
     with pytest.raises(DataError, match="has no model-int8.onnx"):
         Predictor(str(out), runtime="onnx-int8")
     with pytest.raises(DataError, match="an ONNX export .no PyTorch weights.; answer with --runtime onnx"):
