@@ -29,6 +29,7 @@ from extractive_qa.serve.export_dir import export
 def main(argv: Sequence[str] | None = None) -> int:
     if cli.refuse_undecodable(argv):
         return 2
+    cli.hide_library_progress_bars()
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,

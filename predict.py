@@ -131,6 +131,7 @@ def answer_file(
 def main(argv: Sequence[str] | None = None) -> int:
     if cli.refuse_undecodable(argv):
         return 2
+    cli.hide_library_progress_bars()
     args = parse_args(argv)
     try:
         if args.single:

@@ -239,7 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from extractive_qa.launch import progress
 
         progress.quiet_determined_log()  # the progress display says it; a cluster keeps it all
-        progress.hide_library_progress_bars()
+        cli.hide_library_progress_bars()
     try:
         result = dry_run(args) if args.dry_run else run(args)
     except (ConfigError, DataError, det_internals.VersionError) as err:

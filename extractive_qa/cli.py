@@ -43,3 +43,12 @@ def refuse_undecodable(argv: Sequence[str] | None) -> bool:
             )
             return True
     return False
+
+
+def hide_library_progress_bars() -> None:
+    """transformers draws its own bar for every hf/ export ("Writing model shards") and model load
+    ("Loading weights"); in a command's output they are noise, and a local run's progress lines say
+    what is happening. Its warnings still print."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()

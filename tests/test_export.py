@@ -120,9 +120,17 @@ def test_export_refusals(trained: tuple[Path, dict], tmp_path: Path, monkeypatch
 
 
 def test_export_cli_prints_its_record(trained: tuple[Path, dict], tmp_path: Path) -> None:
+    """... and no library progress bar (transformers' "Loading weights" on every model load)."""
+    from transformers.utils import logging as hf_logging
+
+    from tests.support.project import last_json, run_main
+
     checkpoint, _ = trained
-    result = run_cli(["export.py", "--checkpoint", str(checkpoint), "--out", str(tmp_path / "e"), "--no-int8",
-                      "--check-questions", "8"])  # fmt: skip
+    hf_logging.enable_progress_bar()  # as a fresh process has it
+    code, out, err = run_main(["export.py", "--checkpoint", str(checkpoint), "--out", str(tmp_path / "e"),
+                               "--no-int8", "--check-questions", "8"])  # fmt: skip
+    assert code == 0 and "Loading weights" not in err and "it/s]" not in err, err[-2000:]
+    result = last_json(out)
     assert result["files"] == sorted(p.name for p in (tmp_path / "e").iterdir())
     assert "model-int8.onnx" not in result["files"] and result["checked_on"].endswith("windows")
     assert json.loads((tmp_path / "e" / "export.json").read_text())["opset"] == onnx_model.OPSET

@@ -23,14 +23,6 @@ def quiet_determined_log() -> None:
     logging.getLogger("determined").setLevel(logging.WARNING)
 
 
-def hide_library_progress_bars() -> None:
-    """transformers draws its own bar for every hf/ export ("Writing model shards") and model
-    load; between our progress lines they are noise. Its warnings still print."""
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-
-
 def duration(seconds: float) -> str:
     seconds = max(0, int(round(seconds)))
     hours, rest = divmod(seconds, 3600)
