@@ -271,3 +271,15 @@ def test_a_learning_rate_far_out_of_range_warns_with_the_plan(tmp_path: Path) ->
     assert code == 0, err
     warnings = json.loads(out.splitlines()[-1])["warnings"]
     assert any("hyperparameters.learning_rate" in w and "diverges" in w for w in warnings), warnings
+
+
+def test_a_config_missing_from_another_directory_names_where_the_projects_are(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--config local.yaml` typed in another directory: the error says the path is taken from
+    there and names the project's file; an unknown name lists the project's YAMLs."""
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_train(["--config", "local.yaml", "--dry-run"])
+    assert code == 2 and f"The project's local.yaml is {ROOT / 'local.yaml'}" in err, err
+    code, _, err = run_train(["--config", "nope.yaml", "--dry-run"])
+    assert code == 2 and "The project's configs are in" in err and "distributed.yaml" in err, err

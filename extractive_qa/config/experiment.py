@@ -21,6 +21,7 @@ from extractive_qa import det_internals, reading
 from extractive_qa.config.schema import SEARCHER_KEYS, SECTION_KEYS, TOP_LEVEL_KEYS, check_config
 from extractive_qa.config.settings import DataSettings, Hyperparameters, settings_help
 from extractive_qa.errors import ConfigError
+from extractive_qa.files import ROOT
 
 # --------------------------------------------------------------------------------------------
 # Reading a YAML file (local runs).
@@ -60,12 +61,22 @@ def parse_yaml(text: str) -> Any:
     return yaml.load(text, Loader=_Loader)  # noqa: S506 -- a SafeLoader subclass
 
 
+def where_the_configs_are(path: Path) -> str:
+    """Where a missing config may be: the project's own YAMLs lie beside train.py, and a command
+    typed in another directory takes `--config local.yaml` from there."""
+    shipped = sorted(p.name for p in ROOT.glob("*.yaml"))
+    project = ROOT / path.name
+    if project.is_file() and project.resolve() != path.resolve():
+        return f"The project's {path.name} is {project}: run from {ROOT} or give that path."
+    return f"The project's configs are in {ROOT}: {', '.join(shipped)}."
+
+
 def load_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     try:
         doc = parse_yaml(reading.read_text(path, reading.CONFIG))
     except reading.MissingFile:
-        raise ConfigError(f"{path}: no such config file.") from None
+        raise ConfigError(f"{path}: no such config file. {where_the_configs_are(path)}") from None
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: not valid YAML ({err}).") from None
     except RecursionError:
