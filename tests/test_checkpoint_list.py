@@ -47,7 +47,7 @@ def test_each_checkpoint_is_named_by_its_run(trained: tuple[Path, dict], tmp_pat
     assert f" {steps} of 6 " in lines[0] and em_f1 in lines[0]
     assert "squad-v2?[2Jrun" in lines[1] and "\x1b" not in out  # recorded text cannot drive the terminal
     assert " 2.0 " in lines[1] and " 1.1 " in lines[0]
-    assert lines[2].split()[3:] == ["?", "?", "?", "?", "?", "-"] + lines[2].split()[-2:]
+    assert lines[2].split()[3:] == ["?", "?", "?", "?", "?", "?", "-", "-"] + lines[2].split()[-2:]
     size = sum(f.stat().st_size for f in checkpoint.rglob("*") if f.is_file())
     assert lines[0].endswith(f"{size / 1e6:,.0f} MB")  # the 5 MB behind the link not counted
 
@@ -59,3 +59,23 @@ def test_no_checkpoints_is_one_line(tmp_path: Path) -> None:
         f"no checkpoints in {tmp_path / 'none' / 'determined'} (a run writes them there; "
         "--checkpoint-dir names another directory)"
     )
+
+
+def test_runs_of_one_name_are_told_apart_by_optimizer_and_changed_settings(
+    trained: tuple[Path, dict], tmp_path: Path
+) -> None:
+    """The RAdam run of the README and the default one share a name: the listing shows each one's
+    optimizer and the settings in which it differs from the other (it showed only "2 of 50")."""
+    checkpoint, _ = trained
+    default = _copy(checkpoint, tmp_path, "default")
+    radam = _copy(checkpoint, tmp_path, "radam")
+    record = json.loads((radam / "experiment.json").read_text())
+    record["identity"].update({"hyperparameters.optimizer": "radam", "hyperparameters.adam_beta2": 0.95})
+    (radam / "experiment.json").write_text(json.dumps(record))
+    for n, folder in enumerate((default, radam)):
+        os.utime(folder, (1_700_000_000 + n, 1_700_000_000 + n))
+    code, out, err = run_main(["train.py", "--checkpoints", "--checkpoint-dir", str(tmp_path)], cwd=tmp_path)
+    assert code == 0, err
+    _, first, second = out.strip().splitlines()
+    assert " adamw " in first and " radam " in second
+    assert "adam_beta2=0.95" in second and "adam_beta2=0.999" in first

@@ -14,7 +14,11 @@ from typing import Any
 
 from extractive_qa.launch.identity import json_record, steps_completed
 
-COLUMNS = ("written", "checkpoint", "run", "SQuAD", "model", "training file", "batches", "EM / F1", "size")
+COLUMNS = ("written", "checkpoint", "run", "SQuAD", "model", "optimizer", "training file", "batches",
+           "EM / F1", "differs", "size")  # fmt: skip
+# Recorded settings with a column of their own ("differs" lists the others a run changed).
+SHOWN = {"name", "data.squad_version", "data.pretrained_model", "hyperparameters.optimizer",
+         "data.train_file"}  # fmt: skip
 
 
 def printable(value: Any, width: int = 60) -> str:
@@ -53,11 +57,29 @@ def checkpoint_row(folder: Path, shown: Path) -> dict[str, str]:
         "run": printable(identity.get("name", "?")),
         "SQuAD": printable(identity.get("data.squad_version", "?")),
         "model": printable(identity.get("data.pretrained_model", "?")),
+        "optimizer": printable(identity.get("hyperparameters.optimizer", "?")),
         "training file": printable(identity.get("data.train_file", "?")),
         "batches": batches,
         "EM / F1": scored,
         "size": f"{size_on_disk(folder) / 1e6:,.0f} MB",
     }
+
+
+def identity_of(folder: Path) -> dict[str, Any]:
+    identity = json_record(folder).get("identity")
+    return identity if isinstance(identity, dict) else {}
+
+
+def differences(identities: list[dict[str, Any]]) -> list[str]:
+    """For each checkpoint, the recorded settings in which it differs from another checkpoint of a
+    run of the same name (beyond the columns shown): `key=value`, '-' where none."""
+    shown = []
+    for identity in identities:
+        same_name = [o for o in identities if o.get("name") == identity.get("name") and o is not identity]
+        keys = sorted({k for o in same_name for k in {*o, *identity} if o.get(k) != identity.get(k)} - SHOWN)
+        text = " ".join(f"{k.split('.')[-1]}={identity.get(k)}" for k in keys)
+        shown.append(printable(text, 80) if text else "-")
+    return shown
 
 
 def checkpoint_table(checkpoint_dir: Path, start_dir: Path) -> list[str]:
@@ -73,6 +95,8 @@ def checkpoint_table(checkpoint_dir: Path, start_dir: Path) -> list[str]:
     for folder in folders:
         shown = Path(os.path.relpath(folder, start_dir)) if folder.is_relative_to(start_dir) else folder
         rows.append(checkpoint_row(folder, shown))
+    for row, differs in zip(rows, differences([identity_of(f) for f in folders]), strict=True):
+        row["differs"] = differs
     widths = {c: max(len(c), *(len(r[c]) for r in rows)) for c in COLUMNS}
     lines = ["  ".join(c.ljust(widths[c]) for c in COLUMNS).rstrip()]
     lines += ["  ".join(r[c].ljust(widths[c]) for c in COLUMNS).rstrip() for r in rows]
