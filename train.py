@@ -133,6 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.command_line = list(sys.argv[1:] if argv is None else argv)  # what a refusal may repeat, mended
     # Local runs work in the project directory, as a cluster trial works in its context
     # directory: relative paths in a config are relative to it, and Determined copies it
     # (filtered by .detignore) into each checkpoint's code/.

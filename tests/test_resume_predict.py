@@ -372,3 +372,30 @@ def test_a_length_that_trains_nothing(trained, tmp_path: Path, caplog) -> None:
     assert result["already_finished"] is True and result["steps_completed"] == 6
     assert result["f1"] == pytest.approx(trained_result["f1"]) and result["checkpoint"] == str(checkpoint)
     assert "already finished" in caplog.text
+
+
+def test_a_refused_resume_prints_the_command_that_is_accepted(trained, tmp_path: Path) -> None:
+    """--resume DIR of a checkpoint written with other settings (the README's RAdam line, then
+    the plain resume) is refused naming each field -- and prints the command with those settings,
+    which then resumes."""
+    import shlex
+
+    from tests.support.project import trained_config
+
+    checkpoint, _ = trained
+    mine = tmp_path / "ck"
+    shutil.copytree(checkpoint, mine)
+    record = json.loads((mine / "experiment.json").read_text())
+    saved = record["identity"]["hyperparameters.learning_rate"]
+    record["identity"]["hyperparameters.learning_rate"] = saved * 2
+    (mine / "experiment.json").write_text(json.dumps(record))
+    typed = ["--config", str(trained_config(checkpoint)), "--resume", str(mine), "--batches", "8",
+             "--checkpoint-dir", str(tmp_path / "c")]  # fmt: skip
+    code, _, err = run_train(typed)
+    assert code == 2 and "Resume with its settings: python3 train.py " in err, err
+    printed = err.split("Resume with its settings: ", 1)[1].strip()
+    words = shlex.split(printed)
+    assert words[:2] == ["python3", "train.py"]
+    assert f"hyperparameters.learning_rate={saved * 2}" in words
+    code, result, err = run_train(words[2:])
+    assert code == 0 and result["steps_completed"] == 8, err[-3000:]

@@ -7,6 +7,7 @@ continues anyway).
 from __future__ import annotations
 
 import logging
+import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -82,8 +83,33 @@ def checkpoint_identity(checkpoint: Path) -> dict[str, Any] | None:
     return checkpoint_record(checkpoint, "identity")
 
 
+def accepted_command(command_line: list[str], saved: dict[str, Any], changed: list[str]) -> str:
+    """The command that resumes with the checkpoint's own settings: the one typed, with a `--set`
+    for each field the checkpoint recorded otherwise (an earlier `--set` of it is replaced)."""
+    keys = set(changed)
+    kept, words = [], iter(command_line)
+    for word in words:
+        if word == "--set":
+            value = next(words, "")
+            if value.split("=", 1)[0] in keys:
+                continue
+            kept += [word, value]
+        elif word.startswith("--set=") and word[6:].split("=", 1)[0] in keys:
+            continue
+        else:
+            kept.append(word)
+    for key in changed:
+        value = saved.get(key)
+        kept += ["--set", f"{key}={'null' if value is None else value}"]
+    return shlex.join(["python3", "train.py", *kept])
+
+
 def check_same_run(
-    record: dict[str, Any], identity: dict[str, Any], allow_changed: bool, shown: Path
+    record: dict[str, Any],
+    identity: dict[str, Any],
+    allow_changed: bool,
+    shown: Path,
+    command_line: list[str] | None = None,
 ) -> None:
     """--resume DIR: the checkpoint's recorded settings (its experiment.json) against this run's; a
     difference is an error naming each field (both values) unless --allow-changed says it is
@@ -100,10 +126,15 @@ def check_same_run(
     if allow_changed:
         logger.warning("--resume %s with changed settings (--allow-changed): %s", shown, listed)
         return
+    changed = [key for key in sorted(set(saved) | set(identity)) if saved.get(key) != identity.get(key)]
+    settable = [key for key in changed if key in saved and "." in key]
+    retry = ""
+    if command_line is not None and settable == changed:
+        retry = f" Resume with its settings: {accepted_command(command_line, saved, changed)}"
     raise ConfigError(
         f"--resume {shown}: this run's settings differ from the checkpoint's ({listed}). "
         "Resume with the config it was written with, or pass --allow-changed to continue its "
-        "state under the new settings."
+        f"state under the new settings.{retry}"
     )
 
 

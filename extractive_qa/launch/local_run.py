@@ -114,6 +114,7 @@ class LocalRun:
                 identity=self.identity,
                 allow_changed=self.args.allow_changed,
                 shown=found,
+                command_line=getattr(self.args, "command_line", None),
             )
         private, steps = prepare_resume(found, expected(), "--resume", same_run)
         self.source.steps_completed = steps
