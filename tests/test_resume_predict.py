@@ -399,3 +399,28 @@ def test_a_refused_resume_prints_the_command_that_is_accepted(trained, tmp_path:
     assert f"hyperparameters.learning_rate={saved * 2}" in words
     code, result, err = run_train(words[2:])
     assert code == 0 and result["steps_completed"] == 8, err[-3000:]
+
+
+def test_the_same_run_typed_again_says_where_the_earlier_one_is(trained, tmp_path: Path, caplog) -> None:
+    """The first command typed twice trained again from scratch without a word; now it names the
+    earlier checkpoint and how to see its result without training."""
+    from tests.support.project import trained_config
+
+    checkpoint, _ = trained
+    earlier = tmp_path / "c" / "determined" / "earlier"
+    shutil.copytree(checkpoint, earlier)
+    config = str(trained_config(checkpoint))
+    with caplog.at_level("WARNING", logger="squad"):
+        code, result, err = run_train(
+            ["--config", config, "--batches", "1", "--checkpoint-dir", str(tmp_path / "c")]
+        )
+    assert code == 0 and result["steps_completed"] == 1, err[-3000:]
+    assert (
+        f"a run with these settings already wrote {earlier}" in caplog.text and "--resume auto" in caplog.text
+    )
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="squad"):
+        code, _, err = run_train(
+            ["--config", config, "--batches", "1", "--checkpoint-dir", str(tmp_path / "d")]
+        )
+    assert code == 0 and "already wrote" not in caplog.text

@@ -34,7 +34,7 @@ from extractive_qa.files import ROOT, check_output_file, check_outputs, write_te
 from extractive_qa.launch import identity, interruption, progress
 from extractive_qa.launch.checkpoint_rewrite import ExpectedState
 from extractive_qa.launch.process import join_process_group, seed_everything
-from extractive_qa.launch.resume import finished_resume, prepare_resume, resume_from
+from extractive_qa.launch.resume import finished_resume, latest_checkpoint, prepare_resume, resume_from
 from extractive_qa.launch.storage import (
     check_free_space,
     check_local_storage,
@@ -123,6 +123,27 @@ class LocalRun:
         self.private = private
         self.resumed, self.resumed_copy = found, private.path
         identity.note_length_change(private.path, {self.plan.length.unit: self.plan.length.value})
+
+    def note_an_earlier_run(self) -> None:
+        """A run started without --resume beside a checkpoint of the same settings (the first
+        command typed twice) trains again from the beginning: say so, where the earlier one is,
+        and that --resume auto shows its result (or continues it) without training again."""
+        if self.rank != 0:
+            return
+        self.identity = identity.run_identity(self.plan, self.source.exp_conf.get("name"))
+        found = latest_checkpoint(self.storage, self.identity, "auto")
+        if found is None:
+            return
+        record = identity.json_record(found)
+        scores = record.get("validation") if isinstance(record.get("validation"), dict) else {}
+        f1 = scores.get("f1")
+        reached = f" (F1 {f1:.2f})" if isinstance(f1, (int, float)) else ""
+        logger.warning(
+            "a run with these settings already wrote %s%s, %s batches; this one trains again from the "
+            "beginning beside it. `python3 train.py --resume auto` (with this command's --config and "
+            "--set) shows a finished run's result, or continues it, without training again.",
+            found, reached, identity.steps_completed(found),
+        )  # fmt: skip
 
     @property
     def rank(self) -> int:
@@ -243,6 +264,8 @@ def prepare(
     local.join()
     if args.resume:
         local.resume(expected, cleanup)
+    else:
+        local.note_an_earlier_run()
     return local
 
 
