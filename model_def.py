@@ -30,11 +30,17 @@ from extractive_qa.data.batching import (
 )
 from extractive_qa.data.features import vocabulary_sha256
 from extractive_qa.errors import ConfigError
-from extractive_qa.launch.identity import run_identity
-from extractive_qa.launch.local_run import TrialExtras
 from extractive_qa.qa import arithmetic, model_card, outputs, qa_settings, squad_metric
+from extractive_qa.resume.identity import run_identity
 from extractive_qa.trial import dropout_masks, model_io, perf_metrics, span_loss
-from extractive_qa.trial.callbacks import CheckpointRecord, HFExport, RankRandomState, RunLog, SearcherStop
+from extractive_qa.trial.callbacks import (
+    CheckpointRecord,
+    HFExport,
+    RankRandomState,
+    RunLog,
+    SearcherStop,
+    TrialExtras,
+)
 from extractive_qa.trial.evaluation import SquadEvaluator
 from extractive_qa.trial.optimization import (
     build_optimizer,
@@ -90,7 +96,7 @@ class SquadTrial(pytorch.PyTorchTrial):
             ),
             for_validation=False,
         )
-        extras = local(self) if local is not None else TrialExtras({}, [])
+        extras = local(self) if local is not None else TrialExtras()
         self.extra_callbacks, self.before_batch = extras.callbacks, extras.before_batch
 
     def load_data(self) -> None:

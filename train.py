@@ -27,9 +27,10 @@ from extractive_qa.config.experiment import from_cluster, from_command_line, set
 from extractive_qa.dry_run import dry_run
 from extractive_qa.errors import ConfigError, DataError
 from extractive_qa.files import ROOT
-from extractive_qa.launch import interruption, local_run, resume
+from extractive_qa.launch import interruption, local_run
 from extractive_qa.launch.process import local_world_size
-from extractive_qa.launch.resume import restore_on_cluster
+from extractive_qa.resume import restore as resume
+from extractive_qa.resume.restore import restore_on_cluster
 from extractive_qa.trial import optimization
 
 if TYPE_CHECKING:

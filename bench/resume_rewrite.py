@@ -1,7 +1,7 @@
 """What a resume's decode-check-write costs, beside Determined's own restore of the same file.
 
 A resume decodes the checkpoint with the trial's restricted decoder, checks it against the model
-and writes a new one (trial/checkpoint_rewrite.py) before Determined's torch.load reads that. This
+and writes a new one (resume/rewrite.py) before Determined's torch.load reads that. This
 times, for a checkpoint of the embedded default (MiniLM, 22.7 M parameters) and of a BERT-base-
 sized model (109 M), each in a fresh process so that peak memory is its own:
 
@@ -79,7 +79,7 @@ def write_checkpoint(kind: str, directory: Path) -> None:
 
 def child(mode: str, kind: str, directory: Path) -> dict[str, Any]:
     """One measurement in this (fresh) process."""
-    from extractive_qa.launch import checkpoint_rewrite
+    from extractive_qa.resume import rewrite as checkpoint_rewrite
 
     model, optimizer = build(kind, "meta")  # the expected shapes, as a resume builds them
     expected = checkpoint_rewrite.expected_state(model, optimizer)

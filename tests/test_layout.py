@@ -17,7 +17,7 @@ PACKAGE = ROOT / "extractive_qa"
 ENTRY_SCRIPTS = {p.stem for p in ROOT.glob("*.py")}
 # The stages in the order a run goes through them; the base serves them all.
 BASE = ("errors", "reading", "cli", "det_internals", "files", "compat")
-STAGES = ("config", "data", "qa", "launch", "trial", "serve")
+STAGES = ("config", "data", "qa", "resume", "trial", "launch", "serve")
 TOP = ("dry_run", "scaling_runs", "scaling_report")
 # Past this, a module says in its docstring why it is still one idea ("One idea: ...").
 REVIEW_LINES = 400

@@ -163,7 +163,7 @@ def test_the_loaders_read_only_bytes_the_rewrite_wrote(
 ) -> None:
     """A genuine resume: every file torch.load and pickle.load read is one the rewrite wrote (by
     content), in the private copy, never the checkpoint the user named; the copy is gone after."""
-    from extractive_qa.launch import checkpoint_rewrite
+    from extractive_qa.resume import rewrite as checkpoint_rewrite
 
     checkpoint, _ = trained
     mine = copy_of(checkpoint, tmp_path)
@@ -198,7 +198,7 @@ def test_the_loaders_read_only_bytes_the_rewrite_wrote(
     assert result["steps_completed"] == 8
     restored = [entry for entry in loaded if entry[0].name in ("state_dict.pth", "trial_state.pkl")]
     assert {p.name for p, _, _ in restored} == {"state_dict.pth", "trial_state.pkl"}
-    from extractive_qa.launch.resume import private_root
+    from extractive_qa.resume.restore import private_root
 
     for path, digest, mode in restored:
         assert path.parent.name.startswith("resume-") and path.parent.parent == private_root()
@@ -213,7 +213,7 @@ def test_a_file_swapped_after_the_rewrite_is_never_read(
 ) -> None:
     """The window between reading and Determined's restore: a payload written into the user's
     checkpoint then must not run -- Determined restores the rewritten copy."""
-    from extractive_qa.launch import resume as checkpoints
+    from extractive_qa.resume import restore as checkpoints
 
     checkpoint, _ = trained
     mine = copy_of(checkpoint, tmp_path)
@@ -409,7 +409,7 @@ def test_a_copy_left_by_a_killed_resume_is_named_and_removed(trained, tmp_path: 
     import fcntl
     import secrets
 
-    from extractive_qa.launch.resume import private_root
+    from extractive_qa.resume.restore import private_root
 
     checkpoint, _ = trained
     storage = tmp_path / "c" / "determined"
@@ -453,7 +453,7 @@ def test_the_private_root_is_refused_when_others_can_write_to_it_or_above_it(
     import tempfile
 
     from extractive_qa.errors import ConfigError
-    from extractive_qa.launch import resume as resume_module
+    from extractive_qa.resume import restore as resume_module
 
     open_dir = tmp_path / "open"
     open_dir.mkdir()
@@ -484,7 +484,7 @@ def test_a_copy_replaced_after_its_rewrite_is_refused_before_the_restore(
     """The swap itself: the checked copy renamed away and a directory with a planted
     trial_state.pkl put under its name. The copy is checked (inode, owner, mode, its token)
     just before Determined reads it, so the planted pickle never runs."""
-    from extractive_qa.launch import resume as resume_module
+    from extractive_qa.resume import restore as resume_module
 
     checkpoint, _ = trained
     marker = tmp_path / "ran"
@@ -517,7 +517,7 @@ def test_sigterm_while_the_copy_is_written_says_so_and_removes_it(
 ) -> None:
     """SIGTERM during the decode used to end the process at once (143, no message) and leave
     the copy for the next resume; now one line, exit 143, and the copy is gone."""
-    from extractive_qa.launch import resume as resume_module
+    from extractive_qa.resume import restore as resume_module
 
     checkpoint, _ = trained
     rewrite = resume_module.rewrite
@@ -544,7 +544,7 @@ def test_sigterm_while_the_copy_is_written_says_so_and_removes_it(
 
 def decode_refused(data: bytes, needle: str) -> None:
     from extractive_qa.errors import ConfigError
-    from extractive_qa.launch.checkpoint_decode import STATE_GLOBALS, decode
+    from extractive_qa.resume.decode import STATE_GLOBALS, decode
 
     with pytest.raises(ConfigError, match=needle):
         decode(data, "trial_state.pkl", STATE_GLOBALS)
@@ -579,7 +579,7 @@ def test_a_long_list_under_a_long_key_is_decoded_in_linear_time() -> None:
     walking it costs what the file's size costs (it was a string per item: ~30 min of CPU)."""
     import time
 
-    from extractive_qa.launch.checkpoint_decode import STATE_GLOBALS, decode
+    from extractive_qa.resume.decode import STATE_GLOBALS, decode
 
     data = pickle.dumps({"k" * (8 << 20): [1] * 2_000_000}, protocol=2)
     start = time.perf_counter()

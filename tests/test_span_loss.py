@@ -103,7 +103,7 @@ def test_a_run_learns_no_answer_only_after_answerable_first(tiny_bert: Path, tmp
 def test_a_resume_names_a_changed_no_answer_weighting() -> None:
     """The weighting is part of what a checkpoint's run is: a resume with another weight is
     named as changed; the standard recipe records nothing, so older checkpoints still match."""
-    from extractive_qa.launch.identity import identity_changes
+    from extractive_qa.resume.identity import identity_changes
     from tests.support.project import run_identity
 
     standard = run_identity(["--config", "local_v2.yaml"])

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from extractive_qa.launch.identity import json_record, steps_completed
+from extractive_qa.resume.identity import json_record, steps_completed
 
 COLUMNS = ("written", "checkpoint", "run", "SQuAD", "model", "optimizer", "training file", "batches",
            "EM / F1", "differs", "size")  # fmt: skip

@@ -31,10 +31,8 @@ from determined import pytorch
 from extractive_qa import det_internals
 from extractive_qa.config import run_plan
 from extractive_qa.files import ROOT, check_output_file, check_outputs, write_text_atomic
-from extractive_qa.launch import identity, interruption, progress
-from extractive_qa.launch.checkpoint_rewrite import ExpectedState
+from extractive_qa.launch import interruption, progress
 from extractive_qa.launch.process import join_process_group, seed_everything
-from extractive_qa.launch.resume import finished_resume, latest_checkpoint, prepare_resume, resume_from
 from extractive_qa.launch.storage import (
     check_free_space,
     check_local_storage,
@@ -43,19 +41,14 @@ from extractive_qa.launch.storage import (
     prepare_local_storage,
     write_failure_error,
 )
+from extractive_qa.resume import identity
+from extractive_qa.resume.restore import finished_resume, latest_checkpoint, prepare_resume, resume_from
+from extractive_qa.resume.rewrite import ExpectedState
+from extractive_qa.trial.callbacks import TrialExtras
 
 logger = logging.getLogger("squad")
 
 DATA_FILES = ("train_file", "validation_file")  # data.* paths a run reads (URLs never match a file)
-
-
-@dataclasses.dataclass
-class TrialExtras:
-    """What a local run adds to the trial it is built with: callbacks after the trial's own, and
-    hooks the trial calls before each batch."""
-
-    callbacks: dict[str, pytorch.PyTorchCallback]
-    before_batch: list[Callable[[int], None]]
 
 
 @dataclasses.dataclass
@@ -165,7 +158,7 @@ class LocalRun:
         made from the built trial (its run log, batches per epoch, random-state gatherer)."""
 
         def build(trial: Any) -> TrialExtras:
-            added = TrialExtras({}, [])
+            added = TrialExtras()
             # Ctrl-C / SIGTERM: finish the batch, checkpoint (with every rank's random state).
             self.stop = interruption.Interruption(
                 context.distributed, context.device, trial.rank_random_state.gather

@@ -4,6 +4,7 @@ the run log, the metric series and the Hugging Face export beside every checkpoi
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import random
@@ -17,11 +18,21 @@ from determined import pytorch
 
 from extractive_qa import det_internals
 from extractive_qa.files import shared_mode, write_text_atomic
-from extractive_qa.launch.identity import IDENTITY_RECORD
 from extractive_qa.qa import qa_settings
+from extractive_qa.resume.identity import IDENTITY_RECORD
 from extractive_qa.trial import model_io
 
 logger = logging.getLogger("squad")
+
+
+@dataclasses.dataclass
+class TrialExtras:
+    """What a run adds to the trial it is built with (a local run: its progress display, signal
+    handling and metric series): callbacks after the trial's own, and hooks the trial calls before
+    each batch. A cluster trial gets none."""
+
+    callbacks: dict[str, pytorch.PyTorchCallback] = dataclasses.field(default_factory=dict)
+    before_batch: list[Callable[[int], None]] = dataclasses.field(default_factory=list)
 
 
 class RankRandomState(pytorch.PyTorchCallback):

@@ -12,8 +12,8 @@ import torch
 from extractive_qa.config.model_family import loadable_pretrained
 from extractive_qa.config.settings import Hyperparameters
 from extractive_qa.errors import ConfigError
-from extractive_qa.launch import checkpoint_rewrite
-from extractive_qa.launch.checkpoint_rewrite import ExpectedState
+from extractive_qa.resume import rewrite as checkpoint_rewrite
+from extractive_qa.resume.rewrite import ExpectedState
 
 if TYPE_CHECKING:
     from extractive_qa.config.run_plan import RunPlan

@@ -137,7 +137,7 @@ def run_identity(args: list[str]) -> dict:
     """What a train.py command line's checkpoints record of their run (experiment.json)."""
     import train
     from extractive_qa.config import experiment, run_plan
-    from extractive_qa.launch.identity import run_identity
+    from extractive_qa.resume.identity import run_identity
 
     parsed = train.parse_args(args)
     source = experiment.from_command_line(parsed, 1)

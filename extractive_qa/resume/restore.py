@@ -21,13 +21,13 @@ from typing import Any
 
 from extractive_qa import det_internals, reading
 from extractive_qa.errors import ConfigError
-from extractive_qa.launch.checkpoint_rewrite import REQUIRED, ExpectedState, rewrite
-from extractive_qa.launch.identity import (
+from extractive_qa.resume.identity import (
     checkpoint_identity,
     finished_result,
     identity_changes,
     steps_completed,
 )
+from extractive_qa.resume.rewrite import REQUIRED, ExpectedState, rewrite
 
 logger = logging.getLogger("squad")
 

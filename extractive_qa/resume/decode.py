@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from extractive_qa.errors import ConfigError
-from extractive_qa.launch.checkpoint_archive import Archive, refused
+from extractive_qa.resume.archive import Archive, refused
 
 MAX_NODES = 5_000_000  # values in one decoded pickle (a BERT-large state has ~10^4)
 MAX_DEPTH = 32

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from extractive_qa.errors import ConfigError
-from extractive_qa.launch.checkpoint_archive import (
+from extractive_qa.resume.archive import (
     PICKLE_LIMIT,
     SMALL_MEMBER,
     open_archive,
@@ -38,8 +38,8 @@ from extractive_qa.launch.checkpoint_archive import (
     refused,
     steps_of,
 )
-from extractive_qa.launch.checkpoint_decode import PLAIN, STATE_GLOBALS, decode, short
-from extractive_qa.launch.identity import IDENTITY_RECORD
+from extractive_qa.resume.decode import PLAIN, STATE_GLOBALS, decode, short
+from extractive_qa.resume.identity import IDENTITY_RECORD
 
 MIB = 1 << 20
 # state_dict.pth: fp32 weights and the optimizer's two fp32 moments are 12 bytes a parameter.
