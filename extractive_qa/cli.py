@@ -9,6 +9,7 @@ still ends as one killed by SIGINT (Python re-raises it after the hook: exit sta
 
 from __future__ import annotations
 
+import signal
 import sys
 from collections.abc import Sequence
 from types import TracebackType
@@ -26,6 +27,12 @@ def _quiet_interrupt(kind: type[BaseException], value: BaseException, tb: Traceb
 _previous = sys.excepthook
 if sys.excepthook is sys.__excepthook__:
     sys.excepthook = _quiet_interrupt
+
+# A process started in the background by a script inherits SIGINT ignored, and Python keeps it
+# so: a Ctrl-C or `kill -INT` during start-up (loading, a resume's checks) did nothing, while
+# during training the run's own handler answers it (launch/interruption.py). Start-up answers too.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def refuse_undecodable(argv: Sequence[str] | None) -> bool:
