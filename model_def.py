@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Callable
 from typing import Any
 
 import determined as det
@@ -18,21 +17,19 @@ import torch
 from determined import pytorch
 
 import data
-from extractive_qa import compat, det_internals
+from extractive_qa import det_internals
 from extractive_qa.config import run_plan
-from extractive_qa.config.model_family import load_model_kwargs, loadable_pretrained
 from extractive_qa.data.batching import (
     FeatureDataset,
     evaluation_batches,
-    forward_params,
     model_inputs,
     training_batches,
 )
 from extractive_qa.data.features import vocabulary_sha256
 from extractive_qa.errors import ConfigError
-from extractive_qa.qa import arithmetic, model_card, outputs, qa_settings, squad_metric
+from extractive_qa.qa import arithmetic, model_card, qa_settings
 from extractive_qa.resume.identity import run_identity
-from extractive_qa.trial import dropout_masks, model_io, perf_metrics, span_loss
+from extractive_qa.trial import dropout_masks, model_setup, perf_metrics, span_loss
 from extractive_qa.trial.callbacks import (
     CheckpointRecord,
     HFExport,
@@ -41,7 +38,7 @@ from extractive_qa.trial.callbacks import (
     SearcherStop,
     TrialExtras,
 )
-from extractive_qa.trial.evaluation import SquadEvaluator
+from extractive_qa.trial.evaluation import SquadEvaluator, score_validation
 from extractive_qa.trial.optimization import (
     build_optimizer,
     learning_rate_warning,
@@ -53,12 +50,7 @@ logger = logging.getLogger("squad")
 
 
 class SquadTrial(pytorch.PyTorchTrial):
-    def __init__(
-        self, context: pytorch.PyTorchTrialContext, local: Callable[[Any], TrialExtras] | None = None
-    ) -> None:
-        """`local`: what a run without a master adds (launch.local_run: progress display, Ctrl-C,
-        checkpoint retention, metric series), made from the built trial; Determined builds the
-        trial with the context alone."""
+    def __init__(self, context: pytorch.PyTorchTrialContext) -> None:
         self.context = context
         self.run_log = RunLog(context)
         self.rank_random_state = RankRandomState(context)
@@ -96,8 +88,13 @@ class SquadTrial(pytorch.PyTorchTrial):
             ),
             for_validation=False,
         )
-        extras = local(self) if local is not None else TrialExtras()
-        self.extra_callbacks, self.before_batch = extras.callbacks, extras.before_batch
+        self.extras = TrialExtras()
+
+    def add_extras(self, extras: TrialExtras) -> None:
+        """What the run adds before fit (a local run: progress display, Ctrl-C, checkpoint
+        retention, metric series; a cluster trial: nothing): callbacks after the trial's own and
+        hooks before each batch."""
+        self.extras = extras
 
     def load_data(self) -> None:
         """SQuAD and its windowed features (data.py); the chief of each machine downloads and
@@ -120,49 +117,11 @@ class SquadTrial(pytorch.PyTorchTrial):
         )  # fmt: skip
 
     def build_model(self) -> torch.nn.Module:
-        """The pretrained model, wrapped for Determined (DDP), compiled and compressed if asked;
-        returns the unwrapped model (the optimizer takes its parameters)."""
-        hp, context, model_name = self.plan.hparams, self.context, self.plan.data.pretrained_model
-        if context.device.type == "cuda":
-            arithmetic.configure_cuda_math(hp.tf32)
-        try:
-            model, loaded, load_warnings = model_io.load_qa_model(
-                loadable_pretrained(model_name), **load_model_kwargs(self.plan.attention)
-            )
-        except (OSError, ValueError) as err:
-            raise ConfigError(
-                f"data.pretrained_model {model_name!r}: cannot load ({str(err).splitlines()[0]})"
-            ) from None
-        masks = (hp.dropout_masks, context.device.type, hp.torch_compile)
-        if hp.gradient_checkpointing:
-            compat.enable_activation_checkpointing(model, dropout_masks.recompute_context(*masks))
-        if self.precision in arithmetic.AUTOCAST_DTYPES:
-            arithmetic.fp32_logits(model)
-        if context.distributed.rank == 0:
-            logger.info(
-                "model %s (%s): %s; precision %s (%s), attention %s (%s), gradient checkpointing %s, "
-                "dropout masks %s",
-                model_name, type(model).__name__, loaded, self.precision, self.precision_why,
-                model.config._attn_implementation, self.plan.attention_note,
-                "on" if hp.gradient_checkpointing else "off",
-                "fast" if dropout_masks.active(*masks) else "torch",
-            )  # fmt: skip
-            for warning in load_warnings:
-                logger.warning("data.pretrained_model %r: %s", model_name, warning)
-        self.scaler = None
-        if self.precision == "fp16":
-            self.scaler = context.wrap_scaler(torch.amp.GradScaler("cuda"))
-        self.accepted = forward_params(model)
-        self.model = context.wrap_model(model)
-        if hp.torch_compile:
-            self.model = torch.compile(self.model)
-        if self.plan.gradient_compression and isinstance(
-            self.model, torch.nn.parallel.DistributedDataParallel
-        ):
-            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
-            self.model.register_comm_hook(None, default_hooks.fp16_compress_hook)
-        return model
+        """The pretrained model, wrapped for Determined (DDP), compiled and compressed if asked
+        (model_setup); returns the unwrapped model (the optimizer takes its parameters)."""
+        prepared = model_setup.prepare_model(self.context, self.plan, self.precision, self.precision_why)
+        self.model, self.scaler, self.accepted = prepared.wrapped, prepared.scaler, prepared.accepted
+        return prepared.model
 
     def build_optimization(self, model: torch.nn.Module) -> None:
         """Optimizer and linear warm-up / decay schedule, stepped once per optimizer step."""
@@ -241,7 +200,7 @@ class SquadTrial(pytorch.PyTorchTrial):
         return ddp.no_sync()
 
     def train_batch(self, batch: dict[str, torch.Tensor], epoch_idx: int, batch_idx: int) -> dict[str, Any]:
-        for hook in self.before_batch:
+        for hook in self.extras.before_batch:
             hook(batch_idx)
         self.perf.batch_started()
         hp = self.plan.hparams
@@ -289,20 +248,10 @@ class SquadTrial(pytorch.PyTorchTrial):
 
     def score_logits(self, start: np.ndarray, end: np.ndarray) -> dict[str, Any]:
         """EM/F1 of the validation set (the chief); v2.0 adds best_* and keeps the tuned threshold."""
-        examples = self.val_set.examples
-        answers = self.qa.extract_answers(examples, self.val_features, start, end)
-        metrics = squad_metric.score(examples, answers.text, self.qa.squad_version)
-        if self.qa.squad_version == "2.0":
-            # One name for EM in every run's metrics; `exact` stays, the official v2.0 script's.
-            metrics = {"exact_match": metrics["exact"], **metrics}
-            odds = outputs.null_odds(examples, answers)
-            best = squad_metric.best_thresholds(examples, answers.span_text, odds)
-            metrics.update(best)
-            tuned = squad_metric.tuned_null_threshold(examples, answers.span_text, odds)
-            self.qa = dataclasses.replace(self.qa, tuned_null_threshold=tuned)
-        if self.plan.data.save_predictions:
-            nbest = self.qa.nbest(examples, self.val_features, start, end)
-            self.latest_outputs = lambda out_dir: outputs.write_outputs(out_dir, examples, answers, nbest)
+        metrics, self.qa, writer = score_validation(
+            self.qa, self.val_set.examples, self.val_features, start, end, self.plan.data.save_predictions
+        )
+        self.latest_outputs = writer or self.latest_outputs
         return metrics
 
     def model_card(self) -> str:
@@ -331,7 +280,7 @@ class SquadTrial(pytorch.PyTorchTrial):
         info = det_internals.cluster_trial()
         if info is not None:
             callbacks["searcher_stop"] = SearcherStop(self.context, info, self.run_log)
-        return {**callbacks, **self.extra_callbacks}
+        return {**callbacks, **self.extras.callbacks}
 
     def get_batch_length(self, batch: dict[str, torch.Tensor]) -> int:
         return len(batch["input_ids"])

@@ -27,10 +27,9 @@ from extractive_qa.config.experiment import from_cluster, from_command_line, set
 from extractive_qa.dry_run import dry_run
 from extractive_qa.errors import ConfigError, DataError
 from extractive_qa.files import ROOT
-from extractive_qa.launch import interruption, local_run
+from extractive_qa.launch import cluster_run, interruption, local_run
 from extractive_qa.launch.process import local_world_size
 from extractive_qa.resume import restore as resume
-from extractive_qa.resume.restore import restore_on_cluster
 from extractive_qa.trial import optimization
 
 if TYPE_CHECKING:
@@ -169,34 +168,30 @@ def train_run(
     source = from_cluster(info) if info is not None else from_command_line(args, local_world_size())
     plan = run_plan.run_plan(source.exp_conf, source.hparams, source.slots)  # a bad config ends here
     expected = functools.partial(optimization.expected_state, plan)  # what a resumed checkpoint must fit
-    local = None if source.on_cluster else local_run.prepare(args, source, plan, expected, cleanup)
-    if local is not None and plan.length.unit == "batches":  # epochs: once the trial counts them
-        done = local.finished(plan.length.value)
+    if source.on_cluster:
+        driver: Any = cluster_run.ClusterRun(source, plan, expected)
+    else:
+        driver = local_run.prepare(args, source, plan, expected, cleanup)
+    if plan.length.unit == "batches":  # epochs: once the trial counts them (before_fit)
+        done = driver.finished(plan.length.value)
         if done is not None:
-            return done if local.rank == 0 else None
+            return done if driver.rank == 0 else None
     compat.allow_determined_checkpoints()
     with (
         det_internals.collective_timeout(plan.collective_timeout_s),
         det_internals.local_gpus_torch_sees(source.on_cluster),
-        pytorch.init(**plan.init_kwargs(source.exp_conf), distributed=local and local.distributed) as context,
+        pytorch.init(**plan.init_kwargs(source.exp_conf), distributed=driver.distributed) as context,
     ):
-        if source.checkpoint_path is not None:  # a cluster's latest checkpoint, before model and data
-            source.latest_checkpoint = restore_on_cluster(
-                context.distributed, source.checkpoint_path, expected, cleanup
-            )
-        trial = (trial_class or model_def.SquadTrial)(context, local.extras(context) if local else None)
-        done = local.before_fit(trial, context) if local is not None else None
+        driver.restore(context, cleanup)  # a checkpoint to continue, before model and data
+        trial = (trial_class or model_def.SquadTrial)(context)
+        trial.add_extras(driver.extras(trial, context))
+        done = driver.before_fit(trial, context)
         if done is not None:
             return done if context.distributed.rank == 0 else None
-        trainer = pytorch.Trainer(trial, context)
-        if local is None:
-            trainer.fit(**plan.fit_kwargs(source.latest_checkpoint, True))
-        else:
-            local.fit(trainer, trial, context)
+        driver.fit(pytorch.Trainer(trial, context), trial, context)
         if context.distributed.rank != 0:
             return None
-        if local is not None:
-            local.report(context.distributed.size)
+        driver.report(context.distributed.size)
         return final_result(trial)
 
 

@@ -255,11 +255,9 @@ class Source:
     hparams: dict[str, Any]
     slots: int
     on_cluster: bool
-    latest_checkpoint: str | None = None  # a storage id (cluster) or local checkpoint name
+    latest_checkpoint: str | None = None  # the storage id Determined restores (resume.restore's copy)
     steps_completed: int = 0
     checkpoint_path: Path | None = None  # a cluster's latest checkpoint on shared_fs, to verify
-    resumed: Path | None = None  # a local run's checkpoint to continue, as --resume named it
-    resumed_copy: Path | None = None  # its rewritten private copy, which Determined restores
 
 
 def from_cluster(info: Any) -> Source:

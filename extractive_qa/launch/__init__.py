@@ -1,2 +1,3 @@
-"""A run without a master, around Trainer.fit: process, storage, interruption, progress,
-local_run, checkpoint_list."""
+"""How a run is driven around Trainer.fit, without a master (local_run) or by one (cluster_run), with
+one interface for both: process, storage, interruption, progress, local_run, cluster_run,
+checkpoint_list."""

@@ -153,34 +153,34 @@ class LocalRun:
     # The trial: what it is built with, and what is checked once it is built.
     # ----------------------------------------------------------------------------------------
 
-    def extras(self, context: Any) -> Callable[[Any], TrialExtras]:
-        """What the trial calls at the end of its __init__: a local run's callbacks and hooks,
-        made from the built trial (its run log, batches per epoch, random-state gatherer)."""
+    def restore(self, context: Any, cleanup: contextlib.ExitStack) -> None:
+        """Inside Determined's context: nothing more (the resume was prepared before it)."""
 
-        def build(trial: Any) -> TrialExtras:
-            added = TrialExtras()
-            # Ctrl-C / SIGTERM: finish the batch, checkpoint (with every rank's random state).
-            self.stop = interruption.Interruption(
-                context.distributed, context.device, trial.rank_random_state.gather
-            )
-            added.before_batch.append(self.stop.before_batch)
-            if context.distributed.rank != 0:
-                return added
-            if self.args.metrics_out:
-                self.series = added.callbacks["metric_series"] = MetricSeries(trial.run_log)
-            unit = trial.batches_per_epoch() if self.plan.length.unit == "epochs" else 1
-            shown = progress.Progress(
-                context,
-                self.plan.length.value * unit,
-                trial.batches_per_epoch(),
-                self.plan.hparams.global_batch_size,
-            )
-            added.callbacks["progress"] = shown
-            added.before_batch.append(shown.before_batch)
-            added.callbacks["retention"] = retention(self.source.exp_conf, trial.run_log)
+    def extras(self, trial: Any, context: Any) -> TrialExtras:
+        """What a local run adds to the built trial (its run log, batches per epoch, random-state
+        gatherer): Ctrl-C / SIGTERM at a batch boundary, the progress display, checkpoint
+        retention and the metric series. The trial gets them from here and never calls back."""
+        added = TrialExtras()
+        # Ctrl-C / SIGTERM: finish the batch, checkpoint (with every rank's random state).
+        self.stop = interruption.Interruption(
+            context.distributed, context.device, trial.rank_random_state.gather
+        )
+        added.before_batch.append(self.stop.before_batch)
+        if context.distributed.rank != 0:
             return added
-
-        return build
+        if self.args.metrics_out:
+            self.series = added.callbacks["metric_series"] = MetricSeries(trial.run_log)
+        unit = trial.batches_per_epoch() if self.plan.length.unit == "epochs" else 1
+        shown = progress.Progress(
+            context,
+            self.plan.length.value * unit,
+            trial.batches_per_epoch(),
+            self.plan.hparams.global_batch_size,
+        )
+        added.callbacks["progress"] = shown
+        added.before_batch.append(shown.before_batch)
+        added.callbacks["retention"] = retention(self.source.exp_conf, trial.run_log)
+        return added
 
     def before_fit(self, trial: Any, context: Any) -> dict[str, Any] | None:
         """Once the trial is built, before any batch: the resumed checkpoint's data against this

@@ -1,2 +1,2 @@
 """The trial in Determined, what model_def.py uses: model_io, optimization, dropout_masks,
-span_loss, perf_metrics, evaluation, callbacks."""
+model_setup, span_loss, perf_metrics, evaluation, callbacks."""

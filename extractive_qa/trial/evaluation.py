@@ -4,8 +4,9 @@ extracts the answers and scores them.
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -14,6 +15,8 @@ from determined import pytorch
 
 from extractive_qa.data.batching import assemble_logits
 from extractive_qa.data.features import Features
+from extractive_qa.data.squad_files import Example
+from extractive_qa.qa import outputs, qa_settings, squad_metric
 from extractive_qa.trial import perf_metrics
 
 # --------------------------------------------------------------------------------------------
@@ -52,3 +55,30 @@ class SquadEvaluator(pytorch.MetricReducer):
         start, end = assemble_logits(parts, self.features)
         scores = self.score(start, end)
         return {**scores, **perf_metrics.validation_rates(time.perf_counter() - self.started, self.questions)}
+
+
+def score_validation(
+    qa: qa_settings.QASettings,
+    examples: Sequence[Example],
+    features: Features,
+    start: np.ndarray,
+    end: np.ndarray,
+    save_predictions: bool,
+) -> tuple[dict[str, Any], qa_settings.QASettings, Callable[[Any], Any] | None]:
+    """The validation's scores from its window logits, as the official scripts compute them: EM/F1,
+    and on v2.0 `exact_match` beside the official `exact`, best_* and their thresholds. Returns
+    (metrics, the settings with v2.0's tuned no-answer threshold, a writer of the predictions /
+    null odds / n-best files when save_predictions asks for them)."""
+    answers = qa.extract_answers(examples, features, start, end)
+    metrics = squad_metric.score(examples, answers.text, qa.squad_version)
+    if qa.squad_version == "2.0":
+        # One name for EM in every run's metrics; `exact` stays, the official v2.0 script's.
+        metrics = {"exact_match": metrics["exact"], **metrics}
+        odds = outputs.null_odds(examples, answers)
+        metrics.update(squad_metric.best_thresholds(examples, answers.span_text, odds))
+        tuned = squad_metric.tuned_null_threshold(examples, answers.span_text, odds)
+        qa = dataclasses.replace(qa, tuned_null_threshold=tuned)
+    if not save_predictions:
+        return metrics, qa, None
+    nbest = qa.nbest(examples, features, start, end)
+    return metrics, qa, lambda out_dir: outputs.write_outputs(out_dir, examples, answers, nbest)

@@ -49,8 +49,8 @@ def record(args: argparse.Namespace) -> None:
         return default_hooks.allreduce_hook(None, bucket).then(done)
 
     class Instrumented(model_def.SquadTrial):
-        def __init__(self, context: Any, local: Any = None) -> None:
-            super().__init__(context, local)
+        def __init__(self, context: Any) -> None:
+            super().__init__(context)
             assert isinstance(self.model, torch.nn.parallel.DistributedDataParallel), "needs 2 processes"
             self.model.register_comm_hook(None, counting_allreduce)
 
