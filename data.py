@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from extractive_qa import cli  # first: a Ctrl-C while the libraries load is one line
-from extractive_qa.config.settings import DataSettings, WindowSpec
+from extractive_qa.config.settings import DataSettings, Hyperparameters, WindowSpec
+from extractive_qa.data.batching import FeatureDataset, evaluation_batches, training_batches
 from extractive_qa.data.feature_cache import prepare_features
 from extractive_qa.data.features import Features, load_tokenizer
 from extractive_qa.data.squad_files import (
@@ -83,6 +84,31 @@ def load_run_data(settings: DataSettings, spec: WindowSpec, rank: int) -> RunDat
     val_features, val_cache = prepare_features(val_set, tokenizer, model_name, spec, "validation", cache_dir)
     return RunData(
         tokenizer, train_set, val_set, train_features, val_features, cache_dir, train_cache, val_cache
+    )
+
+
+def training_loader(
+    features: Features, per_slot_batch: int, hp: Hyperparameters, seed: int, ranks: int, num_workers: int
+) -> Any:
+    """The trial's training batches (extractive_qa.data.batching: dynamic padding, length-sorted
+    or bucketed, each rank its share) as Determined's DataLoader."""
+    from determined import pytorch
+
+    sampler, collate = training_batches(
+        features, per_slot_batch, batching=hp.batching, multiple=hp.pad_to_multiple_of, seed=seed, ranks=ranks
+    )
+    return pytorch.DataLoader(
+        FeatureDataset(len(features)), batch_sampler=sampler, collate_fn=collate, num_workers=num_workers
+    )
+
+
+def validation_loader(features: Features, batch_size: int, multiple: int, num_workers: int) -> Any:
+    """Evaluation's batches: sorted by length, padded as predict.py pads them."""
+    from determined import pytorch
+
+    sampler, collate = evaluation_batches(features, batch_size, multiple)
+    return pytorch.DataLoader(
+        FeatureDataset(len(features)), batch_sampler=sampler, collate_fn=collate, num_workers=num_workers
     )
 
 

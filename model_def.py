@@ -1,4 +1,4 @@
-"""The Determined PyTorchTrial: BERT (any AutoModelForQuestionAnswering) fine-tuned on SQuAD.
+"""The Determined PyTorchTrial: BERT (an AutoModelForQuestionAnswering) fine-tuned on SQuAD.
 
 Everything configurable comes from the experiment config through run_plan.run_plan(); the data
 comes from data.py; batches, optimizer, evaluation and callbacks from extractive_qa/.
@@ -6,7 +6,6 @@ comes from data.py; batches, optimizer, evaluation and callbacks from extractive
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 from typing import Any
@@ -19,12 +18,7 @@ from determined import pytorch
 import data
 from extractive_qa import det_internals
 from extractive_qa.config import run_plan
-from extractive_qa.data.batching import (
-    FeatureDataset,
-    evaluation_batches,
-    model_inputs,
-    training_batches,
-)
+from extractive_qa.data.batching import model_inputs
 from extractive_qa.data.features import vocabulary_sha256
 from extractive_qa.errors import ConfigError
 from extractive_qa.qa import arithmetic, model_card, qa_settings
@@ -39,12 +33,8 @@ from extractive_qa.trial.callbacks import (
     TrialExtras,
 )
 from extractive_qa.trial.evaluation import SquadEvaluator, score_validation
-from extractive_qa.trial.optimization import (
-    build_optimizer,
-    learning_rate_warning,
-    linear_warmup_decay,
-    radam_warning,
-)
+from extractive_qa.trial.optimization import gradient_clipping, wrapped_optimization
+from extractive_qa.trial.optimizer_recipes import learning_rate_warning, radam_warning
 
 logger = logging.getLogger("squad")
 
@@ -75,25 +65,16 @@ class SquadTrial(pytorch.PyTorchTrial):
         self.latest_outputs: Any = None  # writes the latest validation's outputs (save_predictions)
         model = self.build_model()
         self.build_optimization(model)
-        self.evaluator = context.wrap_reducer(
-            SquadEvaluator(
-                context.distributed.rank, self.val_features, len(self.val_set.examples), self.score_logits
-            ),
-            for_training=False,
-        )
-        agg = self.plan.aggregation_frequency
-        self.perf = context.wrap_reducer(
-            perf_metrics.TrainingThroughput(
-                context.device, context.distributed.size, self.plan.hparams.global_batch_size * agg, agg
-            ),
-            for_validation=False,
-        )
+        rank, size, agg = context.distributed.rank, context.distributed.size, self.plan.aggregation_frequency
+        scorer = SquadEvaluator(rank, self.val_features, len(self.val_set.examples), self.score_logits)
+        self.evaluator = context.wrap_reducer(scorer, for_training=False)
+        samples_per_step = self.plan.hparams.global_batch_size * agg
+        throughput = perf_metrics.TrainingThroughput(context.device, size, samples_per_step, agg)
+        self.perf = context.wrap_reducer(throughput, for_validation=False)
         self.extras = TrialExtras()
 
     def add_extras(self, extras: TrialExtras) -> None:
-        """What the run adds before fit (a local run: progress display, Ctrl-C, checkpoint
-        retention, metric series; a cluster trial: nothing): callbacks after the trial's own and
-        hooks before each batch."""
+        """What the run adds before fit: callbacks after the trial's own, hooks before each batch."""
         self.extras = extras
 
     def load_data(self) -> None:
@@ -103,18 +84,9 @@ class SquadTrial(pytorch.PyTorchTrial):
         self.tokenizer, self.spec = loaded.tokenizer, self.qa.window_spec
         self.train_set, self.val_set = loaded.train_set, loaded.val_set
         self.train_features, self.val_features = loaded.train_features, loaded.val_features
-        train_cache, val_cache, cache_dir = loaded.train_cache, loaded.val_cache, loaded.cache_dir
-        context = self.context
-        logger.info(
-            "rank %d of %d: features train %s / validation %s in %s; aggregation_frequency=%d "
-            "optimizer=%s gradient_compression=%s global_batch_size=%d learning_rate=%.6g "
-            "(lr_scaling %s from %g at %s samples per step) batching=%s",
-            context.distributed.rank, context.distributed.size, train_cache, val_cache,
-            cache_dir.resolve(), self.plan.aggregation_frequency, self.plan.hparams.optimizer,
-            self.plan.gradient_compression, self.plan.hparams.global_batch_size, self.plan.learning_rate,
-            self.plan.hparams.lr_scaling, self.plan.hparams.learning_rate,
-            self.plan.hparams.reference_batch_size, self.plan.hparams.batching,
-        )  # fmt: skip
+        rank, size, where = self.context.distributed.rank, self.context.distributed.size, loaded.cache_dir
+        logger.info("rank %d of %d: features train %s / validation %s in %s; %s", rank, size,
+                    loaded.train_cache, loaded.val_cache, where.resolve(), self.plan.summary())  # fmt: skip
 
     def build_model(self) -> torch.nn.Module:
         """The pretrained model, wrapped for Determined (DDP), compiled and compressed if asked
@@ -124,23 +96,16 @@ class SquadTrial(pytorch.PyTorchTrial):
         return prepared.model
 
     def build_optimization(self, model: torch.nn.Module) -> None:
-        """Optimizer and linear warm-up / decay schedule, stepped once per optimizer step."""
-        context = self.context
-        self.optimizer = context.wrap_optimizer(
-            build_optimizer(model, self.plan.hparams, self.plan.learning_rate, context.device),
-            average_aggregated_gradients=self.plan.average_aggregated_gradients,
+        """Optimizer and linear warm-up / decay schedule, stepped once per optimizer step; the chief
+        warns when the settings fall short (optimizer_recipes)."""
+        total, hp = self.total_optimizer_steps(), self.plan.hparams
+        warmup, self.answerable_first_steps = int(hp.warmup_ratio * total), int(hp.answerable_first * total)
+        self.optimizer, self.lr_scheduler = wrapped_optimization(
+            self.context, self.plan, model, total, warmup
         )
-        total = self.total_optimizer_steps()
-        warmup = int(self.plan.hparams.warmup_ratio * total)
-        self.answerable_first_steps = int(self.plan.hparams.answerable_first * total)
-        rate = learning_rate_warning(self.plan.learning_rate)
-        for warning in filter(None, (radam_warning(self.plan.hparams, total, warmup), rate)):
-            if context.distributed.rank == 0:
-                logger.warning(warning)
-        self.lr_scheduler = context.wrap_lr_scheduler(
-            torch.optim.lr_scheduler.LambdaLR(self.optimizer, linear_warmup_decay(total, warmup)),
-            step_mode=pytorch.LRScheduler.StepMode.STEP_EVERY_OPTIMIZER_STEP,
-        )
+        warnings = (radam_warning(hp, total, warmup), learning_rate_warning(self.plan.learning_rate))
+        for warning in filter(None, warnings if self.context.distributed.rank == 0 else ()):
+            logger.warning(warning)
 
     # Length bookkeeping, counted as the dry run counts it (extractive_qa/dry_run.py).
     def batches_per_epoch(self) -> int:
@@ -156,48 +121,20 @@ class SquadTrial(pytorch.PyTorchTrial):
             seed = self.context.get_trial_seed()  # on a cluster
         except det.errors.InternalException:
             seed = self.plan.seed  # local: reproducibility.experiment_seed
-        hp = self.plan.hparams
-        sampler, collate = training_batches(
-            self.train_features,
-            self.context.get_per_slot_batch_size(),
-            batching=hp.batching,
-            multiple=hp.pad_to_multiple_of,
-            seed=seed,
-            ranks=self.context.distributed.size,
-        )
-        return pytorch.DataLoader(
-            FeatureDataset(len(self.train_features)),
-            batch_sampler=sampler,
-            collate_fn=collate,
-            num_workers=self.plan.data.num_workers,
-        )
+        context, plan = self.context, self.plan
+        return data.training_loader(
+            self.train_features, context.get_per_slot_batch_size(), plan.hparams, seed,
+            context.distributed.size, plan.data.num_workers,
+        )  # fmt: skip
 
     def build_validation_data_loader(self) -> pytorch.DataLoader:
-        sampler, collate = evaluation_batches(
-            self.val_features, self.qa.eval_batch_size, self.qa.pad_to_multiple_of
-        )
-        return pytorch.DataLoader(
-            FeatureDataset(len(self.val_features)),
-            batch_sampler=sampler,
-            collate_fn=collate,
-            num_workers=self.plan.data.num_workers,
+        qa = self.qa
+        return data.validation_loader(
+            self.val_features, qa.eval_batch_size, qa.pad_to_multiple_of, self.plan.data.num_workers
         )
 
     def autocast(self) -> torch.autocast:
         return arithmetic.autocast(self.context.device.type, self.precision)
-
-    def accumulating(self, batch_idx: int) -> contextlib.AbstractContextManager:
-        """DDP's no_sync() for batches that only accumulate gradients (aggregation_frequency > 1).
-
-        DDP decides in *forward* whether the coming backward all-reduces. Determined 0.38 enters
-        no_sync() around backward only, so without this every batch still all-reduces
-        (bench/aggregation.py measured it); with it, only the optimizer-step batches do.
-        """
-        ddp = getattr(self.model, "_orig_mod", self.model)  # under torch.compile (not unwrap: DDP wanted)
-        last_of_step = (batch_idx + 1) % self.plan.aggregation_frequency == 0
-        if last_of_step or not isinstance(ddp, torch.nn.parallel.DistributedDataParallel):
-            return contextlib.nullcontext()
-        return ddp.no_sync()
 
     def train_batch(self, batch: dict[str, torch.Tensor], epoch_idx: int, batch_idx: int) -> dict[str, Any]:
         for hook in self.extras.before_batch:
@@ -205,18 +142,11 @@ class SquadTrial(pytorch.PyTorchTrial):
         self.perf.batch_started()
         hp = self.plan.hparams
         masks = dropout_masks.masks(hp.dropout_masks, self.context.device.type, hp.torch_compile)
-        with self.accumulating(batch_idx):
+        with det_internals.no_sync_unless_stepping(self.model, batch_idx, self.plan.aggregation_frequency):
             with masks, self.autocast():
                 loss = self.span_loss(batch, batch_idx)
             self.context.backward(self.scaler.scale(loss) if self.scaler else loss)
-        max_norm = self.plan.hparams.max_grad_norm
-
-        def clip(params: Any) -> None:
-            if self.scaler:
-                self.scaler.unscale_(self.optimizer)
-            if max_norm > 0:
-                torch.nn.utils.clip_grad_norm_(params, max_norm)
-
+        clip = gradient_clipping(self.optimizer, self.scaler, self.plan.hparams.max_grad_norm)
         lr = self.optimizer.param_groups[0]["lr"]  # the rate this step is taken with
         self.context.step_optimizer(self.optimizer, clip_grads=clip, scaler=self.scaler)
         if self.scaler and (batch_idx + 1) % self.plan.aggregation_frequency == 0:

@@ -44,7 +44,7 @@ from extractive_qa.scaling_report import (  # noqa: F401 -- the report's API, as
     write_report,
 )
 from extractive_qa.scaling_runs import STUDY_LABEL, Variant
-from extractive_qa.trial.optimization import apply_recipe
+from extractive_qa.trial.optimizer_recipes import apply_recipe
 
 # --------------------------------------------------------------------------------------------
 # The series of configs.
@@ -170,7 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command in ("launch", "report") and not args.master and not getattr(args, "dry_run", False):
             raise ScalingError("--master URL (or DET_MASTER) is required for launch and report.")
         if args.command in ("report", "local"):  # where the report goes, before any work
-            check_report_outputs(args)
+            check_report_outputs(args.command, args.out, getattr(args, "config", None))
         from extractive_qa import scaling_runs
 
         if args.command == "report":

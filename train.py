@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING, Any
 
 from extractive_qa import cli, compat, det_internals  # cli first: a Ctrl-C while the rest loads
 from extractive_qa.config import run_plan
-from extractive_qa.config.experiment import from_cluster, from_command_line, settings_table
+from extractive_qa.config.experiment import RunOptions, run_source, settings_table
 from extractive_qa.dry_run import dry_run
 from extractive_qa.errors import ConfigError, DataError
 from extractive_qa.files import ROOT
-from extractive_qa.launch import cluster_run, interruption, local_run
+from extractive_qa.launch import cluster_run, interruption
 from extractive_qa.launch.process import local_world_size
 from extractive_qa.resume import restore as resume
 from extractive_qa.trial import optimization
@@ -149,29 +149,36 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-def run(args: argparse.Namespace, trial_class: type | None = None) -> dict[str, Any] | None:
+def run_options(args: argparse.Namespace) -> RunOptions:
+    """The parsed command line as the run's typed options (the Namespace stays in the CLI)."""
+    return RunOptions(
+        config=args.config, overrides=tuple(args.overrides), batches=args.batches, epochs=args.epochs,
+        checkpoint_dir=args.checkpoint_dir, resume=args.resume, allow_changed=args.allow_changed,
+        metrics_out=args.metrics_out, command_line=tuple(args.command_line),
+    )  # fmt: skip
+
+
+def run(args: argparse.Namespace | RunOptions, trial_class: type | None = None) -> dict[str, Any] | None:
     """Train as configured; rank 0 returns the final metrics. `trial_class` lets benchmarks
     instrument the trial (a SquadTrial subclass); users never need it."""
+    options = run_options(args) if isinstance(args, argparse.Namespace) else args
     with contextlib.ExitStack() as cleanup:  # what the run leaves behind: a resume's private copy
-        return train_run(args, trial_class, cleanup)
+        return train_run(options, trial_class, cleanup)
 
 
 def train_run(
-    args: argparse.Namespace, trial_class: type | None, cleanup: contextlib.ExitStack
+    args: RunOptions, trial_class: type | None, cleanup: contextlib.ExitStack
 ) -> dict[str, Any] | None:
     det_internals.check_version()
     from determined import pytorch
 
     import model_def
 
-    info = det_internals.cluster_trial()  # on a cluster the master hands the config over
-    source = from_cluster(info) if info is not None else from_command_line(args, local_world_size())
+    # On a cluster the master hands the config over; locally it is the command line's.
+    source = run_source(det_internals.cluster_trial(), args, local_world_size())
     plan = run_plan.run_plan(source.exp_conf, source.hparams, source.slots)  # a bad config ends here
     expected = functools.partial(optimization.expected_state, plan)  # what a resumed checkpoint must fit
-    if source.on_cluster:
-        driver: Any = cluster_run.ClusterRun(source, plan, expected)
-    else:
-        driver = local_run.prepare(args, source, plan, expected, cleanup)
+    driver = cluster_run.driver_for(args, source, plan, expected, cleanup)
     if plan.length.unit == "batches":  # epochs: once the trial counts them (before_fit)
         done = driver.finished(plan.length.value)
         if done is not None:
@@ -238,7 +245,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         progress.quiet_determined_log()  # the progress display says it; a cluster keeps it all
         cli.hide_library_progress_bars()
     try:
-        result = dry_run(args) if args.dry_run else run(args)
+        result = dry_run(run_options(args)) if args.dry_run else run(args)
     except (ConfigError, DataError, det_internals.VersionError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -72,7 +72,7 @@ EPOCHS = experiment.load_yaml(ROOT / "local.yaml")["hyperparameters"]["train_len
 DEFAULT_BETA2 = Hyperparameters().adam_beta2  # 0.999, as the cluster YAMLs ship it
 # RAdam's forms: as multi_machine.yaml shipped it (10 % linear warm-up on top of the rectifier),
 # without the extra warm-up, and shorter rectifier warm-ups: its step passes half the lr after 556
-# steps at beta2 0.999, 61 at 0.99, 16 at 0.95 (optimization.radam_half_lr_step) -- the last about as
+# steps at beta2 0.999, 61 at 0.99, 16 at 0.95 (optimizer_recipes.radam_half_lr_step) -- the last about as
 # long as AdamW's own 10 % warm-up at 2x here (40 of 403 steps), the shortest still a warm-up.
 RADAM_FORMS = ((WARMUP, DEFAULT_BETA2), (0.0, DEFAULT_BETA2), (0.0, 0.99), (0.0, 0.95))
 
@@ -112,7 +112,7 @@ def more_steps(rule: str, ref: float) -> dict[str, Any]:
 
 
 def radam_forms(k: int, rule: str, ref: float) -> list[dict[str, Any]]:
-    """RAdam in each of RADAM_FORMS. The arithmetic is optimization.radam_step_share's: over a 2x run
+    """RAdam in each of RADAM_FORMS. The arithmetic is optimizer_recipes.radam_step_share's: over a 2x run
     here (403 steps) RAdam moves the weights 0.25x / 0.23x / 0.63x / 0.89x as far as AdamW."""
     return [cell("radam", k, rule, ref, warmup, beta2) for warmup, beta2 in RADAM_FORMS]
 

@@ -203,6 +203,23 @@ def code_copy_that_keeps_the_state() -> Iterator[None]:
         util.write_user_code = original
 
 
+def no_sync_unless_stepping(model: Any, batch_idx: int, aggregation_frequency: int) -> Any:
+    """DDP's no_sync() for the batches that only accumulate gradients (aggregation_frequency > 1).
+
+    DDP decides in *forward* whether the coming backward all-reduces. Determined 0.38 enters
+    no_sync() around backward only (pytorch/_pytorch_context.py `_should_communicate_and_update`),
+    so without this every batch still all-reduces (bench/aggregation.py measured it); with it, only
+    the optimizer-step batches do. `model` is the trial's wrapped model (under torch.compile too).
+    """
+    import torch
+
+    ddp = getattr(model, "_orig_mod", model)
+    last_of_step = (batch_idx + 1) % aggregation_frequency == 0
+    if last_of_step or not isinstance(ddp, torch.nn.parallel.DistributedDataParallel):
+        return contextlib.nullcontext()
+    return ddp.no_sync()
+
+
 def restore_id(path: Path) -> str:
     """The storage id under which Determined restores a checkpoint directory outside its storage
     root: the absolute path. Its shared_fs storage manager (local runs and shared_fs clusters)

@@ -8,7 +8,6 @@ batches, torch.compile over dynamic widths."""
 
 from __future__ import annotations
 
-import argparse
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,12 +22,12 @@ from extractive_qa.data.flat_squad import DATASETS_PREFIX
 from extractive_qa.errors import ConfigError, DataError
 from extractive_qa.files import ROOT
 from extractive_qa.qa.arithmetic import local_device, resolve_precision
-from extractive_qa.trial.optimization import learning_rate_warning, radam_warning
+from extractive_qa.trial.optimizer_recipes import learning_rate_warning, radam_warning
 
 
-def dry_run(args: argparse.Namespace) -> dict[str, Any]:
+def dry_run(args: experiment.RunOptions) -> dict[str, Any]:
     """The plan a cluster would run for --config: slots from the YAML, no model, no data."""
-    conf = experiment.load_experiment(args.config, args.overrides)
+    conf = experiment.load_experiment(args.config, list(args.overrides))
     slots = experiment.slots_of(conf)
     source = from_command_line(args, slots)
     plan = run_plan.run_plan(source.exp_conf, source.hparams, source.slots)

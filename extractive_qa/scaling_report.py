@@ -11,7 +11,6 @@ report with their state. scaling.py is its command line.
 
 from __future__ import annotations
 
-import argparse
 import io
 import itertools
 import json
@@ -169,15 +168,14 @@ REPORT_FILES = ("report.json", "report.md", "report.png")
 LOCAL_FILES = (*REPORT_FILES, "configs", "runs", "checkpoints")  # what `local` writes into --out
 
 
-def check_report_outputs(args: argparse.Namespace) -> None:
+def check_report_outputs(command: str, out: Path, config: Path | None) -> None:
     """--out as every writer's outputs are checked (files.check_outputs: no link, no checkpoint,
     nothing the project uploads); `local` also takes a new directory or one holding only what an
     earlier `local` wrote, since it writes configs/, runs/ and checkpoints/ there."""
-    out = args.out.resolve()
+    out = out.resolve()
     check_output_dir(out, "--out")
-    if args.command == "local":
-        inputs = {"--config": args.config}
-        check_outputs({"--out": out, **{f"--out ({n})": out / n for n in LOCAL_FILES}}, inputs)
+    if command == "local":
+        check_outputs({"--out": out, **{f"--out ({n})": out / n for n in LOCAL_FILES}}, {"--config": config})
         check_new_directory(out, "--out", LOCAL_FILES)
     else:
         check_outputs({f"--out ({n})": out / n for n in REPORT_FILES}, {}, new_files_in_upload=True)

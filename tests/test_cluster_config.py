@@ -79,9 +79,9 @@ def test_the_cluster_yamls_are_one_recipe_at_different_scales() -> None:
 def test_multi_machine_ships_the_radam_form_the_study_chose() -> None:
     """multi_machine.yaml's RAdam settings are the form bench/lr_scaling.py's committed rows rank best
     at 2x, once every form has the seeds the choice is made on; on full SQuAD's ~461 optimizer steps
-    (88.6k windows, 2 epochs, 384 per step) that form trains without optimization.radam_warning."""
+    (88.6k windows, 2 epochs, 384 per step) that form trains without optimizer_recipes.radam_warning."""
     from bench import lr_scaling, study
-    from extractive_qa.trial.optimization import radam_warning
+    from extractive_qa.trial.optimizer_recipes import radam_warning
 
     rows = lr_scaling.with_epochs(study.load(ROOT / "bench" / "results" / "lr-scaling-cpu.json", {})["rows"])
     first3 = tuple(int(s) for s in lr_scaling.SEEDS.split(","))[:3]

@@ -1059,7 +1059,7 @@ def plan_of(yaml: str, *overrides: str) -> dict[str, Any]:
     from extractive_qa.dry_run import dry_run
 
     argv = ["--config", str(ROOT / yaml), "--dry-run", *(a for o in overrides for a in ("--set", o))]
-    return dry_run(train.parse_args(argv))
+    return dry_run(train.run_options(train.parse_args(argv)))
 
 
 def batch_cells(plan: dict[str, Any]) -> str:
@@ -1137,7 +1137,7 @@ def k80_model() -> tuple[str, str, str]:
 def aggregation_page() -> tuple[str, str, str, str]:
     """docs/scaling.md's aggregation table (bench.aggregation_accuracy), RAdam's rectifier along a
     run, and its schedule-weighted share over multi_machine.yaml's steps."""
-    from extractive_qa.trial.optimization import radam_rectifier, radam_step_share
+    from extractive_qa.trial.optimizer_recipes import radam_rectifier, radam_step_share
 
     rows = {
         (r["aggregation_frequency"], r["optimizer"]): r
@@ -1180,7 +1180,7 @@ def lr_study_page() -> tuple[str, str, str, str, str, str, str]:
     three-seed means the RAdam and LAMB forms compare with, and what the shipped YAMLs' step
     counts mean."""
     from bench import lr_scaling
-    from extractive_qa.trial.optimization import radam_half_lr_step
+    from extractive_qa.trial.optimizer_recipes import radam_half_lr_step
 
     rows = results("lr-scaling-cpu.json")["rows"]
     ref, first3 = lr_scaling.reference_lr(rows, (42, 43, 44)), (42, 43, 44)

@@ -13,7 +13,8 @@ import pytest
 
 from extractive_qa.config import experiment, run_plan
 from extractive_qa.dry_run import STEP_FLOOR
-from extractive_qa.trial.optimization import OPTIMIZER_RECIPES, linear_warmup_decay
+from extractive_qa.trial.optimization import linear_warmup_decay
+from extractive_qa.trial.optimizer_recipes import OPTIMIZER_RECIPES
 from tests.support.project import ROOT, run_cli, run_train, tiny_config, write_yaml
 
 

@@ -14,7 +14,7 @@ from extractive_qa.config.settings import Hyperparameters
 def test_radam_rectifier_is_torchs() -> None:
     """A constant tiny gradient (eps far below it) makes each RAdam step lr x its rectifier, so the
     steps torch.optim.RAdam takes are the arithmetic model_def's warning rests on."""
-    from extractive_qa.trial.optimization import radam_rectifier
+    from extractive_qa.trial.optimizer_recipes import radam_rectifier
 
     for beta2 in (0.999, 0.99):
         param = torch.nn.Parameter(torch.zeros(1, dtype=torch.float64))
@@ -36,7 +36,7 @@ def test_radam_warning_names_the_fix_for_short_runs() -> None:
     steps: RAdam moves the weights a quarter as far as AdamW would. The study's bar (share 0.75:
     level with AdamW at 0.78, 3.5 F1 behind at 0.63) also flags beta2 0.99 there (0.71x); beta2
     0.95, as multi_machine.yaml ships it, clears it with or without a linear warm-up."""
-    from extractive_qa.trial.optimization import (
+    from extractive_qa.trial.optimizer_recipes import (
         RADAM_MIN_SHARE,
         radam_half_lr_step,
         radam_step_share,

@@ -17,7 +17,7 @@ import yaml
 import scaling
 from extractive_qa import scaling_runs
 from extractive_qa.config import experiment
-from extractive_qa.trial.optimization import OPTIMIZER_RECIPES
+from extractive_qa.trial.optimizer_recipes import OPTIMIZER_RECIPES
 from tests.support.project import ROOT, tiny_config, write_yaml
 
 

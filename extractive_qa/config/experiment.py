@@ -5,7 +5,6 @@ local run and the dry run see what a cluster run sees."""
 
 from __future__ import annotations
 
-import argparse
 import copy
 import dataclasses
 import json
@@ -274,9 +273,25 @@ def from_cluster(info: Any) -> Source:
     )
 
 
-def from_command_line(args: argparse.Namespace, slots: int) -> Source:
+@dataclass(frozen=True)
+class RunOptions:
+    """What train.py's command line asks of a run, typed: the CLI builds it from its arguments
+    (train.run_options), and nothing past the CLI sees argparse."""
+
+    config: Path
+    overrides: tuple[str, ...] = ()
+    batches: int | None = None
+    epochs: int | None = None
+    checkpoint_dir: Path = Path("checkpoints")
+    resume: str | Path | None = None  # "auto", "latest" or a checkpoint directory
+    allow_changed: bool = False
+    metrics_out: Path | None = None
+    command_line: tuple[str, ...] = ()  # as typed: a refusal may print it mended
+
+
+def from_command_line(args: RunOptions, slots: int) -> Source:
     """The YAML as a master would hand it, with --set / --batches / --epochs applied."""
-    exp_conf = load_experiment(args.config, args.overrides)
+    exp_conf = load_experiment(args.config, list(args.overrides))
     exp_conf = with_master_defaults(exp_conf)
     hparams = local_hparams(exp_conf)
     if args.batches or args.epochs:
@@ -286,6 +301,12 @@ def from_command_line(args: argparse.Namespace, slots: int) -> Source:
         else:
             hparams["train_length"] = {"batches": args.batches} if args.batches else {"epochs": args.epochs}
     return Source(exp_conf=exp_conf, hparams=hparams, slots=slots, on_cluster=False)
+
+
+def run_source(info: Any, options: RunOptions, local_slots: int) -> Source:
+    """The run's config: the master's on a cluster (`info`: det.get_cluster_info()), else the command
+    line's with `local_slots` processes."""
+    return from_cluster(info) if info is not None else from_command_line(options, local_slots)
 
 
 def settings_table(config: Path, overrides: list[str]) -> list[str]:

@@ -51,6 +51,16 @@ class RunPlan:
     attention: str = "auto"  # the attention implementation the model loads with (hp's, resolved)
     attention_note: str = ""  # how it was chosen
 
+    def summary(self) -> str:
+        """The settings that shape training, for each rank's start-up log line."""
+        hp = self.hparams
+        return (
+            f"aggregation_frequency={self.aggregation_frequency} optimizer={hp.optimizer} "
+            f"gradient_compression={self.gradient_compression} global_batch_size={hp.global_batch_size} "
+            f"learning_rate={self.learning_rate:.6g} (lr_scaling {hp.lr_scaling} from {hp.learning_rate:g} "
+            f"at {hp.reference_batch_size} samples per step) batching={hp.batching}"
+        )
+
     def init_kwargs(self, exp_conf: dict[str, Any]) -> dict[str, Any]:
         return {
             "hparams": self.given_hparams,

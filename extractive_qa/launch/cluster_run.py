@@ -14,6 +14,7 @@ from typing import Any
 from determined import pytorch
 
 from extractive_qa.config import run_plan
+from extractive_qa.launch import local_run
 from extractive_qa.resume.restore import restore_on_cluster
 from extractive_qa.resume.rewrite import ExpectedState
 from extractive_qa.trial.callbacks import TrialExtras
@@ -50,3 +51,12 @@ class ClusterRun:
 
     def report(self, slots: int) -> None:
         """The master already holds every report."""
+
+
+def driver_for(options: Any, source: Any, plan: run_plan.RunPlan, expected: Callable[[], ExpectedState],
+               cleanup: contextlib.ExitStack) -> Any:  # fmt: skip
+    """The run's driver: the master's trial (ClusterRun) or a run without a master (LocalRun,
+    prepared: its process group joined and the checkpoint it resumes rewritten)."""
+    if source.on_cluster:
+        return ClusterRun(source, plan, expected)
+    return local_run.prepare(options, source, plan, expected, cleanup)

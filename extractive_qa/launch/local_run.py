@@ -13,7 +13,6 @@ line that says what was kept.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import functools
@@ -30,6 +29,7 @@ from determined import pytorch
 
 from extractive_qa import det_internals
 from extractive_qa.config import run_plan
+from extractive_qa.config.experiment import RunOptions
 from extractive_qa.files import ROOT, check_output_file, check_outputs, write_text_atomic
 from extractive_qa.launch import interruption, progress
 from extractive_qa.launch.process import join_process_group, seed_everything
@@ -53,7 +53,7 @@ DATA_FILES = ("train_file", "validation_file")  # data.* paths a run reads (URLs
 
 @dataclasses.dataclass
 class LocalRun:
-    args: argparse.Namespace
+    args: RunOptions
     source: Any  # config.experiment.Source
     plan: run_plan.RunPlan
     distributed: Any = None  # torchrun's process group, as Determined's DistributedContext
@@ -107,7 +107,7 @@ class LocalRun:
                 identity=self.identity,
                 allow_changed=self.args.allow_changed,
                 shown=found,
-                command_line=getattr(self.args, "command_line", None),
+                command_line=list(self.args.command_line),
             )
         private, steps = prepare_resume(found, expected(), "--resume", same_run)
         self.source.steps_completed = steps
@@ -245,7 +245,7 @@ class LocalRun:
 
 
 def prepare(
-    args: argparse.Namespace,
+    args: RunOptions,
     source: Any,
     plan: run_plan.RunPlan,
     expected: Callable[[], ExpectedState],

@@ -74,7 +74,7 @@ def steps_completed(checkpoint: Path) -> int | None:
 
 def checkpoint_record(checkpoint: Path, key: str) -> dict[str, Any] | None:
     """What a checkpoint recorded of its run (experiment.json): its `identity`
-    (run_plan.run_identity) or `train_length`; None without a record."""
+    (run_identity above) or `train_length`; None without a record."""
     value = json_record(checkpoint).get(key)
     return value if isinstance(value, dict) else None
 

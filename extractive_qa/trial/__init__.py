@@ -1,2 +1,3 @@
-"""The trial in Determined, what model_def.py uses: model_io, optimization, dropout_masks,
+"""The trial in Determined, what model_def.py uses: model_io, optimization, optimizer_recipes,
+dropout_masks,
 model_setup, span_loss, perf_metrics, evaluation, callbacks."""

@@ -175,9 +175,9 @@ class HFExport(pytorch.PyTorchCallback):
 
 class CheckpointRecord(pytorch.PyTorchCallback):
     """experiment.json in every checkpoint: the settings that identify its run
-    (run_plan.run_identity), the digest of the training questions it read (a resume refuses other
-    content at the same path), the training length the run was planned for, and the latest
-    validation (what a resume of a finished run reports)."""
+    (resume.identity.run_identity), the digest of the training questions it read (a resume
+    refuses other content at the same path), the training length the run was planned for, and the
+    latest validation (what a resume of a finished run reports)."""
 
     def __init__(
         self, identity: dict[str, Any], train_length: dict[str, int], train_sha256: str, run_log: RunLog

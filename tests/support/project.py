@@ -139,7 +139,7 @@ def run_identity(args: list[str]) -> dict:
     from extractive_qa.config import experiment, run_plan
     from extractive_qa.resume.identity import run_identity
 
-    parsed = train.parse_args(args)
+    parsed = train.run_options(train.parse_args(args))
     source = experiment.from_command_line(parsed, 1)
     plan = run_plan.run_plan(source.exp_conf, source.hparams, 1)
     return json.loads(json.dumps(run_identity(plan, source.exp_conf.get("name"))))
