@@ -41,7 +41,8 @@ from extractive_qa.data.squad_files import (
     write_squad,
 )
 from extractive_qa.errors import ConfigError, DataError
-from extractive_qa.files import check_output_file, check_outputs, command_error
+from extractive_qa.files import command_error
+from extractive_qa.output_rules import check_output_file, check_outputs
 
 logger = logging.getLogger("squad")
 

@@ -21,7 +21,7 @@ from extractive_qa.config import run_plan
 from extractive_qa.data.batching import model_inputs
 from extractive_qa.data.features import vocabulary_sha256
 from extractive_qa.errors import ConfigError
-from extractive_qa.qa import arithmetic, model_card, qa_settings
+from extractive_qa.qa import mixed_precision, model_card, qa_settings
 from extractive_qa.resume.identity import run_identity
 from extractive_qa.trial import dropout_masks, model_setup, perf_metrics, span_loss
 from extractive_qa.trial.callbacks import (
@@ -51,7 +51,7 @@ class SquadTrial(pytorch.PyTorchTrial):
         # every checkpoint's hf/ saves, and what predict.py loads -- one object.
         eval_batch = self.plan.data.eval_batch_size_per_slot(context.get_per_slot_batch_size())
         # `auto` is settled here, where the device is known; the checkpoint saves the result.
-        self.precision, self.precision_why = arithmetic.resolve_precision(
+        self.precision, self.precision_why = mixed_precision.resolve_precision(
             self.plan.hparams.precision, context.device.type
         )
         self.qa = dataclasses.replace(
@@ -134,7 +134,7 @@ class SquadTrial(pytorch.PyTorchTrial):
         )
 
     def autocast(self) -> torch.autocast:
-        return arithmetic.autocast(self.context.device.type, self.precision)
+        return mixed_precision.autocast(self.context.device.type, self.precision)
 
     def train_batch(self, batch: dict[str, torch.Tensor], epoch_idx: int, batch_idx: int) -> dict[str, Any]:
         for hook in self.extras.before_batch:

@@ -2,7 +2,7 @@
 
     python3 -m bench.attention_backends [--batch-size 64] [--batches 12]
 
-Why arithmetic.configure_cuda_math turns cuDNN attention off and TF32 on. Dynamic padding gives
+Why mixed_precision.configure_cuda_math turns cuDNN attention off and TF32 on. Dynamic padding gives
 every batch one of up to max_seq_length / pad_to_multiple_of widths. Each variant trains random
 BERT-base (bench/common.py's Loop: the trial's train_batch) over the same length-grouped
 batches twice: pass 1 meets each width for the first time, pass 2 repeats them. A backend that

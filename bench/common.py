@@ -31,7 +31,7 @@ from extractive_qa.config.settings import Hyperparameters
 from extractive_qa.data.batching import forward_params, model_inputs
 from extractive_qa.files import ROOT
 from extractive_qa.launch import process as launch
-from extractive_qa.qa import arithmetic
+from extractive_qa.qa import mixed_precision
 from extractive_qa.trial import dropout_masks, optimization
 
 BERT_BASE = dict(
@@ -91,10 +91,10 @@ class Loop:
         hf_logging.disable_progress_bar()  # a 'Loading weights' bar per rung between the table rows
         launch.seed_everything(SEED)  # as train.py seeds before the trial builds its model
         if device.type == "cuda":
-            arithmetic.configure_cuda_math(rung.tf32)
+            mixed_precision.configure_cuda_math(rung.tf32)
         model = AutoModelForQuestionAnswering.from_pretrained(model_path, **load_model_kwargs(rung.attn))
-        if rung.precision in arithmetic.AUTOCAST_DTYPES:
-            arithmetic.fp32_logits(model)  # as the trial does
+        if rung.precision in mixed_precision.AUTOCAST_DTYPES:
+            mixed_precision.fp32_logits(model)  # as the trial does
         self.model = model.to(device).train()
         self.accepted = forward_params(model)
         if rung.optimizer == "plain":
@@ -127,7 +127,7 @@ class Loop:
             loss = self.graphed_loss(inputs)
         else:
             masks = dropout_masks.masks(self.masks, self.device.type, bool(self.compiled))
-            with record("forward"), masks, arithmetic.autocast(self.device.type, self.precision):
+            with record("forward"), masks, mixed_precision.autocast(self.device.type, self.precision):
                 loss = self.forward(**inputs).loss
         with record("backward"):
             if self.scaler:
@@ -170,7 +170,7 @@ class _LossOf(torch.nn.Module):
     def __init__(self, model: torch.nn.Module, names: tuple[str, ...], precision: str, device_type: str):
         super().__init__()
         self.model, self.names, self.device_type = model, names, device_type
-        self.dtype = arithmetic.AUTOCAST_DTYPES.get(precision)
+        self.dtype = mixed_precision.AUTOCAST_DTYPES.get(precision)
 
     def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
         enabled = self.dtype is not None
@@ -198,7 +198,7 @@ def cpu_description() -> dict[str, Any]:
         "family": family.strip(),
         "cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
-        "bf16_units": arithmetic.cpu_bf16_units() or ["none"],
+        "bf16_units": mixed_precision.cpu_bf16_units() or ["none"],
         "flags": sorted(f for f in flags if f.startswith(("avx512", "amx", "avx2", "fma", "avx_vnni"))),
         "torch": torch.__version__,
     }

@@ -42,7 +42,7 @@ from extractive_qa.data import squad_files
 from extractive_qa.data.features import load_tokenizer
 from extractive_qa.errors import ConfigError, DataError
 from extractive_qa.files import ROOT, write_text_atomic
-from extractive_qa.qa import arithmetic, qa_settings
+from extractive_qa.qa import mixed_precision, qa_settings
 from extractive_qa.serve.predictor import Predictor
 
 NVIDIA_V100_SEQ_PER_S = 119.0
@@ -116,7 +116,7 @@ def forward_rate(
         "attention_mask": torch.ones_like(ids),
         "token_type_ids": torch.zeros_like(ids),
     }
-    with torch.inference_mode(), arithmetic.autocast(device.type, dtype):
+    with torch.inference_mode(), mixed_precision.autocast(device.type, dtype):
         for _ in range(2):
             model(**inputs)
         sync(device)
@@ -132,7 +132,7 @@ def forward_rate(
 
 def shapes(models: dict[str, torch.nn.Module], args: argparse.Namespace, device: torch.device) -> list[dict]:
     # On a CPU, bf16 beside fp32 where the CPU has bf16 matrix units (what `precision: auto` picks).
-    cpu = ["fp32", "bf16"] if arithmetic.cpu_bf16_units() else ["fp32"]
+    cpu = ["fp32", "bf16"] if mixed_precision.cpu_bf16_units() else ["fp32"]
     precisions = args.precisions or (["fp32", "fp16", "bf16"] if device.type == "cuda" else cpu)
     batches = args.shape_batches or ([1, 8, 32, 128] if device.type == "cuda" else [1, 8])
     rows = []

@@ -20,14 +20,14 @@ from bench.common import BERT_BASE
 from extractive_qa.config import experiment, run_plan
 from extractive_qa.config.model_family import EMBEDDED_MODEL
 from extractive_qa.data.features import load_tokenizer
-from extractive_qa.qa import arithmetic, qa_settings, squad_metric
+from extractive_qa.qa import mixed_precision, qa_settings, squad_metric
 from extractive_qa.serve import export_dir
 from extractive_qa.serve.predictor import Predictor
 
 
 def runtimes_here() -> list[str]:
     """torch fp32 always; torch bf16 where `precision: auto` would pick it; both ONNX models."""
-    return ["torch-fp32", *(["torch-bf16"] if arithmetic.cpu_bf16_units() else []), "onnx", "onnx-int8"]
+    return ["torch-fp32", *(["torch-bf16"] if mixed_precision.cpu_bf16_units() else []), "onnx", "onnx-int8"]
 
 
 def random_bert_base(target: Path, conf_path: Path) -> Path:

@@ -53,7 +53,7 @@ from extractive_qa.config.settings import PRECISIONS, Hyperparameters, WindowSpe
 from extractive_qa.data import squad_files
 from extractive_qa.data.batching import Collator, FeatureBatchSampler, FeatureDataset, training_batches
 from extractive_qa.data.features import Features, build_features, load_tokenizer
-from extractive_qa.qa import arithmetic
+from extractive_qa.qa import mixed_precision
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -160,9 +160,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             "(it is the overlap between consecutive windows)"
         )
     # bf16 on a GPU; on a CPU what `precision: auto` picks there (bf16 where it has bf16 units).
-    cpu_pick = arithmetic.resolve_precision("auto", "cpu")[0]
+    cpu_pick = mixed_precision.resolve_precision("auto", "cpu")[0]
     args.precision = args.precision or ("bf16" if args.device.type == "cuda" else cpu_pick)
-    args.precision = arithmetic.resolve_precision(args.precision, args.device.type)[0]
+    args.precision = mixed_precision.resolve_precision(args.precision, args.device.type)[0]
     if args.precision == "fp16" and args.device.type != "cuda":
         parser.error("--precision fp16 needs --device cuda")
     if min(args.batches, args.batch_size, args.repeats) < 1 or args.warmup < 0:

@@ -21,7 +21,7 @@ from extractive_qa.config.settings import DataSettings, WindowSpec
 from extractive_qa.data.flat_squad import DATASETS_PREFIX
 from extractive_qa.errors import ConfigError, DataError
 from extractive_qa.files import ROOT
-from extractive_qa.qa.arithmetic import local_device, resolve_precision
+from extractive_qa.qa.mixed_precision import local_device, resolve_precision
 from extractive_qa.trial.optimizer_recipes import learning_rate_warning, radam_warning
 
 

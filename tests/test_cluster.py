@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from extractive_qa.config import experiment, run_plan
-from extractive_qa.qa import arithmetic
+from extractive_qa.qa import mixed_precision
 from tests.support import det_cluster
 from tests.support.cluster_trials import (
     WHY_NOT,
@@ -97,7 +97,7 @@ def test_local_yaml_runs_on_the_cluster_from_the_upload(tmp_path: Path) -> None:
     assert val["steps_completed"] == 2 and 0 <= val["metrics"]["exact_match"] <= val["metrics"]["f1"] <= 100
     assert val["metrics"]["eval_windows"] >= 810  # every bundled question has a window
     # precision: auto, settled in the container for its CPU and saved with the checkpoint
-    picked, why = arithmetic.resolve_precision("auto", "cpu")
+    picked, why = mixed_precision.resolve_precision("auto", "cpu")
     ckpt = cluster.storage / cluster.master.checkpoints[-1].uuid
     assert json.loads((ckpt / "hf" / "qa_settings.json").read_text())["precision"] == picked
     assert f"precision {picked} ({why})" in record.logs[0]

@@ -9,21 +9,21 @@ import pytest
 import torch
 
 from extractive_qa.config import run_plan
-from extractive_qa.qa import arithmetic
+from extractive_qa.qa import mixed_precision
 from extractive_qa.trial import model_io
 
 pytestmark = pytest.mark.cluster_stack  # autocast, CPU bf16 probes and transformers' loading report
 
-PROBES = [probe for _, probe, _ in arithmetic.CPU_BF16_UNITS]
+PROBES = [probe for _, probe, _ in mixed_precision.CPU_BF16_UNITS]
 
 
 def _cpu(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, has: set[str], probes: bool = True) -> None:
     """Pretend this CPU has the bf16 units `has` (probe names), through torch's probes or, as on
     torch 2.3, which has none, through /proc/cpuinfo's flags."""
-    flags = {flag for _, probe, flag in arithmetic.CPU_BF16_UNITS if probe in has}
+    flags = {flag for _, probe, flag in mixed_precision.CPU_BF16_UNITS if probe in has}
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text("flags\t\t: fpu sse avx2 " + " ".join(sorted(flags)) + "\n")
-    monkeypatch.setattr(arithmetic, "CPUINFO", cpuinfo)
+    monkeypatch.setattr(mixed_precision, "CPUINFO", cpuinfo)
     for probe in PROBES:
         if probes:
             monkeypatch.setattr(torch.cpu, probe, lambda on=probe in has: on, raising=False)
@@ -36,21 +36,21 @@ def test_auto_picks_bf16_only_where_the_cpu_has_bf16_matrix_units(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, probes: bool
 ) -> None:
     _cpu(monkeypatch, tmp_path, set(), probes)
-    assert arithmetic.resolve_precision("auto", "cpu") == (
+    assert mixed_precision.resolve_precision("auto", "cpu") == (
         "fp32",
         "auto: this CPU has no bf16 matrix units (AMX, AVX512-BF16)",
     )
     _cpu(monkeypatch, tmp_path, {"_is_avx512_bf16_supported"}, probes)
-    assert arithmetic.resolve_precision("auto", "cpu") == ("bf16", "auto: this CPU has AVX512-BF16")
+    assert mixed_precision.resolve_precision("auto", "cpu") == ("bf16", "auto: this CPU has AVX512-BF16")
     _cpu(monkeypatch, tmp_path, set(PROBES), probes)
     both = "auto: this CPU has AMX tiles and AVX512-BF16"
-    assert arithmetic.resolve_precision("auto", "cpu") == ("bf16", both)
+    assert mixed_precision.resolve_precision("auto", "cpu") == ("bf16", both)
     # CUDA keeps the GPU recipe; an explicit choice is never changed.
-    assert arithmetic.resolve_precision("auto", "cuda")[0] == "fp32"
-    assert arithmetic.resolve_precision("bf16", "cpu") == ("bf16", "set explicitly")
+    assert mixed_precision.resolve_precision("auto", "cuda")[0] == "fp32"
+    assert mixed_precision.resolve_precision("bf16", "cpu") == ("bf16", "set explicitly")
     _cpu(monkeypatch, tmp_path, set(), probes)
-    assert arithmetic.resolve_precision("bf16", "cpu") == ("bf16", "set explicitly")
-    assert arithmetic.resolve_precision("fp32", "cpu") == ("fp32", "set explicitly")
+    assert mixed_precision.resolve_precision("bf16", "cpu") == ("bf16", "set explicitly")
+    assert mixed_precision.resolve_precision("fp32", "cpu") == ("fp32", "set explicitly")
 
 
 def test_the_default_precision_is_auto() -> None:
@@ -68,7 +68,7 @@ def test_the_embedded_configs_precision(monkeypatch: pytest.MonkeyPatch, tmp_pat
     picked = {}
     for name in ("local.yaml", "local_v2.yaml"):
         hp = experiment.local_hparams(experiment.load_yaml(root / name))
-        picked[name] = arithmetic.resolve_precision(hp.get("precision", "auto"), "cpu")[0]
+        picked[name] = mixed_precision.resolve_precision(hp.get("precision", "auto"), "cpu")[0]
     assert picked == {"local.yaml": "bf16", "local_v2.yaml": "fp32"}
 
 
@@ -82,12 +82,12 @@ def test_bf16_autocast_keeps_the_logits_and_the_loss_in_fp32(tiny_bert: Path) ->
     ids = torch.randint(5, 1000, (2, 24))
     inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     labels = {"start_positions": torch.tensor([3, 4]), "end_positions": torch.tensor([5, 9])}
-    with torch.no_grad(), arithmetic.autocast("cpu", "bf16"):
+    with torch.no_grad(), mixed_precision.autocast("cpu", "bf16"):
         plain = model(**inputs, **labels)
     keys = sorted(model.state_dict())
-    arithmetic.fp32_logits(model)
-    arithmetic.fp32_logits(model)  # once is enough: a second call changes nothing
-    with torch.no_grad(), arithmetic.autocast("cpu", "bf16"):
+    mixed_precision.fp32_logits(model)
+    mixed_precision.fp32_logits(model)  # once is enough: a second call changes nothing
+    with torch.no_grad(), mixed_precision.autocast("cpu", "bf16"):
         kept = model(**inputs, **labels)
     with torch.no_grad():
         full = model(**inputs, **labels)
@@ -107,10 +107,10 @@ def test_cuda_math_settings() -> None:
     saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cuda.cudnn_sdp_enabled())
     try:
         torch.backends.cuda.enable_cudnn_sdp(True)
-        arithmetic.configure_cuda_math(tf32=True)
+        mixed_precision.configure_cuda_math(tf32=True)
         assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
         assert not torch.backends.cuda.cudnn_sdp_enabled()
-        arithmetic.configure_cuda_math(tf32=False)
+        mixed_precision.configure_cuda_math(tf32=False)
         assert not torch.backends.cuda.matmul.allow_tf32
     finally:
         torch.backends.cuda.matmul.allow_tf32 = saved[0]

@@ -17,7 +17,7 @@ from extractive_qa import scaling_runs
 from extractive_qa.config.schema import VALIDATION_METRICS
 from extractive_qa.data.features import load_tokenizer
 from extractive_qa.errors import DataError
-from extractive_qa.qa import arithmetic
+from extractive_qa.qa import mixed_precision
 from tests.support import allreduce_probe
 from tests.support.cli_result import last_json
 from tests.support.project import (
@@ -102,7 +102,7 @@ def test_auto_precision_is_settled_on_the_machine_said_and_saved(
     """`precision: auto` on a CPU with and without bf16 matrix units (torch's probe forced both
     ways): the dry run and the run's model line say what was picked and why, and the checkpoint's
     qa_settings.json holds the pick, so predict.py answers with the same arithmetic."""
-    monkeypatch.setattr(arithmetic, "cpu_bf16_units", lambda: units)
+    monkeypatch.setattr(mixed_precision, "cpu_bf16_units", lambda: units)
     caplog.set_level(logging.INFO, logger="squad")
     want = (
         ("bf16", "auto: this CPU has AVX512-BF16")

@@ -30,7 +30,7 @@ from determined import pytorch
 from extractive_qa import det_internals
 from extractive_qa.config import run_plan
 from extractive_qa.config.experiment import RunOptions
-from extractive_qa.files import ROOT, check_output_file, check_outputs, write_text_atomic
+from extractive_qa.files import ROOT, write_text_atomic
 from extractive_qa.launch import interruption, progress
 from extractive_qa.launch.process import join_process_group, seed_everything
 from extractive_qa.launch.storage import (
@@ -41,6 +41,7 @@ from extractive_qa.launch.storage import (
     prepare_local_storage,
     write_failure_error,
 )
+from extractive_qa.output_rules import check_output_file, check_outputs
 from extractive_qa.resume import identity
 from extractive_qa.resume.restore import finished_resume, latest_checkpoint, prepare_resume, resume_from
 from extractive_qa.resume.rewrite import ExpectedState

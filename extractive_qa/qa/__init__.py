@@ -1,2 +1,2 @@
-"""Logits -> answers -> files and scores: arithmetic, answers, outputs, qa_settings, squad_metric,
+"""Logits -> answers -> files and scores: mixed_precision, answers, outputs, qa_settings, squad_metric,
 model_card."""

@@ -19,10 +19,10 @@ from extractive_qa.data import squad_files
 from extractive_qa.data.batching import assemble_logits, evaluation_batches, forward_params, model_inputs
 from extractive_qa.data.features import Features, build_features, load_tokenizer, vocabulary_sha256
 from extractive_qa.errors import DataError
-from extractive_qa.qa import arithmetic, qa_settings
+from extractive_qa.qa import mixed_precision, qa_settings
 from extractive_qa.qa.answers import Answers
 from extractive_qa.serve import model_weights
-from extractive_qa.serve.checkpoints import find_hf_dir
+from extractive_qa.serve.hf_dir import find_hf_dir
 
 Logits = tuple[np.ndarray, np.ndarray]
 # What a fast tokenizer's from_pretrained may read from a model directory.
@@ -122,14 +122,14 @@ class Predictor:
         self.device = torch_device(device)
         # The precision evaluation ran with, so the logits -- and EM/F1 -- are the trial's; `auto`
         # picks for this device as a run does.
-        self.precision, _ = arithmetic.resolve_precision(
+        self.precision, _ = mixed_precision.resolve_precision(
             precision or self.settings.precision, self.device.type
         )
         if self.precision == "fp16" and self.device.type != "cuda":
             print("predict: fp16 autocast needs CUDA; computing in fp32 on the CPU.", file=sys.stderr)
             self.precision = "fp32"
         if self.device.type == "cuda":
-            arithmetic.configure_cuda_math(self.settings.tf32)
+            mixed_precision.configure_cuda_math(self.settings.tf32)
         if (hf / "model.onnx").is_file() and not any(hf.glob("*.safetensors")) and not any(hf.glob("*.bin")):
             raise DataError(
                 f"--checkpoint {checkpoint}: an ONNX export (no PyTorch weights); answer with "
@@ -162,14 +162,14 @@ class Predictor:
                 f"--checkpoint {checkpoint}: its tokenizer has {vocabulary} tokens, its model "
                 f"{embeddings} embeddings; the tokenizer files in {hf} are not this model's."
             )
-        if self.precision in arithmetic.AUTOCAST_DTYPES:
-            arithmetic.fp32_logits(model)
+        if self.precision in mixed_precision.AUTOCAST_DTYPES:
+            mixed_precision.fp32_logits(model)
         self.model = model.to(self.device).eval()
         accepted = forward_params(self.model)
 
         def forward(batch: dict) -> Logits:
             inputs = model_inputs(batch, accepted)
-            with torch.inference_mode(), arithmetic.autocast(self.device.type, self.precision):
+            with torch.inference_mode(), mixed_precision.autocast(self.device.type, self.precision):
                 out = self.model(**{k: v.to(self.device) for k, v in inputs.items()})
             return out.start_logits.float().cpu().numpy(), out.end_logits.float().cpu().numpy()
 

@@ -16,7 +16,7 @@ from extractive_qa.config.model_family import load_model_kwargs, loadable_pretra
 from extractive_qa.config.run_plan import RunPlan
 from extractive_qa.data.batching import forward_params
 from extractive_qa.errors import ConfigError
-from extractive_qa.qa import arithmetic
+from extractive_qa.qa import mixed_precision
 from extractive_qa.trial import dropout_masks, model_io
 
 logger = logging.getLogger("squad")
@@ -33,7 +33,7 @@ class PreparedModel:
 def prepare_model(context: Any, plan: RunPlan, precision: str, precision_why: str) -> PreparedModel:
     hp, model_name = plan.hparams, plan.data.pretrained_model
     if context.device.type == "cuda":
-        arithmetic.configure_cuda_math(hp.tf32)
+        mixed_precision.configure_cuda_math(hp.tf32)
     try:
         model, loaded, load_warnings = model_io.load_qa_model(
             loadable_pretrained(model_name), **load_model_kwargs(plan.attention)
@@ -45,8 +45,8 @@ def prepare_model(context: Any, plan: RunPlan, precision: str, precision_why: st
     masks = (hp.dropout_masks, context.device.type, hp.torch_compile)
     if hp.gradient_checkpointing:
         compat.enable_activation_checkpointing(model, dropout_masks.recompute_context(*masks))
-    if precision in arithmetic.AUTOCAST_DTYPES:
-        arithmetic.fp32_logits(model)
+    if precision in mixed_precision.AUTOCAST_DTYPES:
+        mixed_precision.fp32_logits(model)
     if context.distributed.rank == 0:
         logger.info(
             "model %s (%s): %s; precision %s (%s), attention %s (%s), gradient checkpointing %s, "
