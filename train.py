@@ -180,9 +180,9 @@ def train_run(
     expected = functools.partial(optimization.expected_state, plan)  # what a resumed checkpoint must fit
     driver = cluster_run.driver_for(args, source, plan, expected, cleanup)
     if plan.length.unit == "batches":  # epochs: once the trial counts them (before_fit)
-        done = driver.finished(plan.length.value)
-        if done is not None:
-            return done if driver.rank == 0 else None
+        already = driver.finished(plan.length.value)  # a restarted job's result, when it had finished
+        if already is not None:
+            return already if driver.rank == 0 else None
     compat.allow_determined_checkpoints()
     with (
         det_internals.collective_timeout(plan.collective_timeout_s),
@@ -192,9 +192,9 @@ def train_run(
         driver.restore(context, cleanup)  # a checkpoint to continue, before model and data
         trial = (trial_class or model_def.SquadTrial)(context)
         trial.add_extras(driver.extras(trial, context))
-        done = driver.before_fit(trial, context)
-        if done is not None:
-            return done if context.distributed.rank == 0 else None
+        already = driver.before_fit(trial, context)
+        if already is not None:
+            return already if context.distributed.rank == 0 else None
         driver.fit(pytorch.Trainer(trial, context), trial, context)
         if context.distributed.rank != 0:
             return None

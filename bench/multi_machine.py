@@ -9,7 +9,7 @@ each machine's link shaped with tc tbf). Per aggregation frequency: one 1-machin
 (per-slot batch 8) and, for each link, a 2-machine x 1-slot run (global batch 16, the same
 per-slot compute: one CPU thread per machine); at the slowest link also with fp16 gradient
 compression. samples/s comes from the master's training reports exactly as `scaling.py report`
-computes it (scaling.build_report; report.md / report.json / report.png in --out), and each
+computes it (scaling_report.build_report; report.md / report.json / report.png in --out), and each
 2-machine row is set beside docs/scaling.md's model:
 
     T_batch = b / r,  T_comm = 2 (n-1)/n * S / B,  samples/s = n a b / (a T_batch + T_comm)
@@ -28,8 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import scaling
-from extractive_qa import scaling_runs
+from extractive_qa import scaling_report, scaling_runs
 from extractive_qa.config import experiment
 from extractive_qa.config.model_family import EMBEDDED_MODEL, resolve_pretrained
 from extractive_qa.files import ROOT
@@ -160,7 +159,7 @@ def main() -> int:
         print(f"error: cannot emulate machines here: {why}", file=sys.stderr)
         return 2
     links = args.links.split(",")
-    aggs = scaling.int_list(args.aggregation, "--aggregation")
+    aggs = [int(a) for a in args.aggregation.split(",") if a.strip()]
     unknown = [link for link in links if link not in det_netns.LINKS]
     if unknown or args.batches % (4 * max(aggs)):
         print(f"error: links must be among {list(det_netns.LINKS)} and --batches a multiple of "
@@ -179,7 +178,7 @@ def main() -> int:
             conf, hp = config_for(machines, agg, args.batches, compression, dev)
             runs.append(run(tmp / f"run{i}", conf, hp, machines, link))
             print(f"{runs[-1].name}: {runs[-1].state}", file=sys.stderr)
-    report = scaling.build_report(runs, "multi-machine")
+    report = scaling_report.build_report(runs, "multi-machine")
     p = parameters()
     base = {r["aggregation"]: r["samples_per_s"] for r in report["runs"] if r["slots"] == 1}
     rows = []
@@ -205,7 +204,7 @@ def main() -> int:
         "none (no sch_netem in this kernel: rate-limited by tbf only)" if d is None else d for d in DELAYS
     )
     report["wall_minutes"] = round((time.time() - started) / 60, 1)
-    scaling.write_report(report, args.out)
+    scaling_report.write_report(report, args.out)
     plot_links(report, args.out / "report.png")
     print(json.dumps({"runs": [{k: r.get(k) for k in ("name", "samples_per_s", "speedup", "efficiency",
                                                        "model_samples_per_s", "measured_over_model")}

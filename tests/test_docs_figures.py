@@ -494,7 +494,7 @@ def two_machines() -> str:
 
 
 def ci_summary() -> dict[str, Any]:
-    text = (RESULTS / "ci-fresh-clone-amx.txt").read_text()
+    text = (RESULTS / "ci-fresh-clone-epyc.txt").read_text()
     (main, compat) = re.findall(r"^(\d+) passed, (\d+) skipped.* in ([\d.]+)s", text, re.M)
     files = dict(
         (name, float(s))
@@ -1451,6 +1451,8 @@ SETTINGS_IN_RESULTS = {
     ("docs/development.md", "(made 0755)"),  # a file mode
     ("docs/development.md", "a module past 400 lines"),  # a layout rule
     ("docs/development.md", "uses 600 s instead"),  # a timeout setting
+    ("docs/development.md", "one slot for the profiler (600 batches)"),  # a test's setting
+    ("docs/development.md", "exit 143 and a second Ctrl-C"),  # an exit code
     ("docs/squad2.md", "810 more answerable questions"),  # Super_Bowl_50's, as published
     ("docs/gpu.md", "989 TFLOP/s"),  # the H100's dense bf16 peak, as NVIDIA states it
     ("docs/gpu.md", "Kaplan et al. 2020"),  # citations
