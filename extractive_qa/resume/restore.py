@@ -117,7 +117,12 @@ def made_by_a_resume(path: Path) -> int | None:
         fd = os.open(path / OWNER, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         return None
-    record = os.read(fd, 128).decode("ascii", "replace").split()
+    try:
+        record = (
+            os.read(fd, 128).decode("ascii", "replace").split() if stat.S_ISREG(os.fstat(fd).st_mode) else []
+        )
+    except OSError:
+        record = []
     if len(record) != 2 or record[0] != str(os.getuid()) or len(record[1]) != 32:
         os.close(fd)
         return None
