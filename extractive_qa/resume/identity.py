@@ -47,11 +47,14 @@ def run_identity(plan: RunPlan, name: str | None) -> dict[str, Any]:
     return identity
 
 
+def changed_fields(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """The identity fields whose values differ, sorted."""
+    return [key for key in sorted(set(saved) | set(current)) if saved.get(key) != current.get(key)]
+
+
 def identity_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """'field: saved -> current' for every identity field that differs."""
-    keys = sorted(set(saved) | set(current))
-    changed = [key for key in keys if saved.get(key) != current.get(key)]
-    return [f"{key}: {saved.get(key)!r} -> {current.get(key)!r}" for key in changed]
+    return [f"{key}: {saved.get(key)!r} -> {current.get(key)!r}" for key in changed_fields(saved, current)]
 
 
 def json_record(checkpoint: Path) -> dict[str, Any]:
@@ -126,7 +129,7 @@ def check_same_run(
     if allow_changed:
         logger.warning("--resume %s with changed settings (--allow-changed): %s", shown, listed)
         return
-    changed = [key for key in sorted(set(saved) | set(identity)) if saved.get(key) != identity.get(key)]
+    changed = changed_fields(saved, identity)
     settable = [key for key in changed if key in saved and "." in key]
     retry = ""
     if command_line is not None and settable == changed:

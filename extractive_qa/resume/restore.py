@@ -93,10 +93,11 @@ class PrivateCopy:
         0700), and its owner record still this process's token."""
         try:
             same = self._identity() == self.identity and stat.S_ISDIR(os.lstat(self.path).st_mode)
-            record = reading.read_text(self.path / OWNER, reading.RECORD, follow_links=False)
+            with reading.open_regular(self.path / OWNER, reading.RECORD, follow_links=False) as file:
+                words = owner_record(file)
         except (OSError, reading.UnreadableFile):
-            same, record = False, ""
-        if not same or record.split() != [str(os.getuid()), self.token]:
+            same, words = False, []
+        if not same or words != [str(os.getuid()), self.token]:
             raise ConfigError(
                 f"{self.path}: the checked copy of the checkpoint was replaced after it was written; "
                 "refusing to restore it. Resume again."
@@ -107,26 +108,27 @@ class PrivateCopy:
         os.close(self.lock)
 
 
-def made_by_a_resume(path: Path) -> int | None:
-    """An open descriptor of `path`'s owner record if `path` is a copy a resume of this user made
-    (a directory of this user's holding a record of this user and a 32-digit token); else None."""
+def owner_record(file: Any) -> list[str]:
+    """An owner record's words ("<uid> <token>"); [] for anything else."""
+    return file.read(128).decode("ascii", "replace").split()
+
+
+def made_by_a_resume(path: Path) -> Any:
+    """`path`'s owner record, open (its descriptor carries the lock), if `path` is a copy a resume
+    of this user made: a directory of this user's holding a plain-file record (read through the
+    one reader, never through a link) of this user and a 32-digit token; else None."""
     try:
         info = path.lstat()
         if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
             return None
-        fd = os.open(path / OWNER, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
+        record = reading.open_regular(path / OWNER, reading.RECORD, follow_links=False)
+    except (OSError, reading.UnreadableFile):
         return None
-    try:
-        record = (
-            os.read(fd, 128).decode("ascii", "replace").split() if stat.S_ISREG(os.fstat(fd).st_mode) else []
-        )
-    except OSError:
-        record = []
-    if len(record) != 2 or record[0] != str(os.getuid()) or len(record[1]) != 32:
-        os.close(fd)
+    words = owner_record(record)
+    if len(words) != 2 or words[0] != str(os.getuid()) or len(words[1]) != 32:
+        record.close()
         return None
-    return fd
+    return record
 
 
 def remove_stale_copies() -> None:
@@ -138,7 +140,7 @@ def remove_stale_copies() -> None:
         if lock is None:
             continue
         try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises while its owner lives
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises while its owner lives
             size = sum(f.stat().st_size for f in path.iterdir() if f.is_file() and not f.is_symlink())
             shutil.rmtree(path, ignore_errors=True)
             logger.warning(
@@ -148,7 +150,7 @@ def remove_stale_copies() -> None:
         except BlockingIOError:
             pass
         finally:
-            os.close(lock)
+            lock.close()
 
 
 def prepare_resume(
