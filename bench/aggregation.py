@@ -20,11 +20,10 @@ import argparse
 import json
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import tiny_validation_file
+from bench.common import provenance, tiny_validation_file
 from extractive_qa.config import experiment
 from extractive_qa.files import ROOT
 from tests.support import allreduce_probe
@@ -81,10 +80,10 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(allreduce_probe.summarise(f, raw, per_rank))
             print(describe(rows[-1]), flush=True)
     result = {
+        **provenance("bench.aggregation", sys.argv[1:] if argv is None else argv),
         "world_size": allreduce_probe.WORLD,
         "per_rank_batch": per_rank,
         "config": args.config,
-        "date": time.strftime("%Y-%m-%d"),
         "rows": rows,
     }
     if args.json:

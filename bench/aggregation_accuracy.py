@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -25,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.common import provenance
 from extractive_qa.files import ROOT
 
 
@@ -101,11 +100,7 @@ def main() -> int:
             parser.error(
                 f"{args.json} holds rows for {result.get('config')}, not {args.config}; pass another --json"
             )
-    result.update(
-        date=time.strftime("%Y-%m-%d"),
-        machine=f"{platform.machine()}, {os.cpu_count()} cores",
-        command=" ".join(["python3", "-m", "bench.aggregation_accuracy", *sys.argv[1:]]),
-    )
+    result.update(provenance("bench.aggregation_accuracy", sys.argv[1:]))
     done = {(r["aggregation_frequency"], r["optimizer"]) for r in result["rows"]}
     with tempfile.TemporaryDirectory(prefix="agg-accuracy-") as tmp:
         for frequency in frequencies:

@@ -147,13 +147,14 @@ def main() -> int:
                 f"{name} batch {batch}: peak on/off {on[batch]['peak_gib'] / off[batch]['peak_gib']:.2f}x, "
                 f"step time on/off {on[batch]['step_s'] / off[batch]['step_s']:.2f}x"
             )
+    from bench.common import provenance  # here: the measuring subprocesses import only torch
+
     result = {
-        "date": time.strftime("%Y-%m-%d"),
+        **provenance("bench.memory", sys.argv[1:]),
         "device": args.device,
         "seq_len": SEQ,
         "rows": rows,
         "summary": summary,
-        "command": " ".join(["python3", "-m", "bench.memory", *sys.argv[1:]]),
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=1))
