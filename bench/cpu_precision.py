@@ -139,7 +139,7 @@ def borrow(
         return [], []
     arms = {json.dumps({f: r[f] for f in FACTORS}, sort_keys=True) for r in rows}
     have = {(json.dumps({f: r[f] for f in FACTORS}, sort_keys=True), r["seed"]) for r in rows}
-    where = (baseline.get("machine") or {}).get("cpu") or baseline.get("device") or "?"
+    where = (baseline.get("cpu") or {}).get("cpu") or baseline.get("device") or "?"
     taken: dict[str, list[int]] = {}
     borrowed = []
     for row in normalized(baseline["rows"]):
@@ -163,10 +163,10 @@ def report(result: dict[str, Any], baseline: dict[str, Any] | None = None) -> st
     present = {f: [lv for lv in FACTORS[f] if any(r[f] == lv for r in rows)] for f in FACTORS}
     varied = [f for f in FACTORS if len(present[f]) > 1]
     shown = varied or ["precision"]
-    m = result.get("machine") or {}
-    machine = result.get("device") or ""
-    if m:
-        machine = f"{machine_text(cpu=m)}, torch {m.get('torch', '?')}"
+    cpu = result.get("cpu")
+    machine = str(result.get("machine") or result.get("device") or "")
+    if isinstance(cpu, dict):
+        machine = f"{machine_text(cpu=cpu)}, torch {cpu.get('torch', '?')}"
     overrides = " ".join(result.get("overrides", [])) or "none"
     fixed = ", ".join(f"{f} {present[f][0]}" for f in FACTORS if len(present[f]) == 1)
     lines = [f"{CONFIG}, paired seeds; {machine or '?'}; fixed: {fixed or '-'}; overrides: {overrides}", ""]
@@ -283,14 +283,13 @@ def main(argv: list[str] | None = None) -> int:
         on_gpu = torch.cuda.is_available()
         levels = chosen_levels(args, preset, on_gpu)
         result["device"] = study.device_name()
-        if not on_gpu:
-            result["machine"] = cpu_description()
+        recorded = provenance("bench.cpu_precision", sys.argv[1:], torch.device("cuda" if on_gpu else "cpu"))
+        result["machine"], result["cpu"] = recorded["machine"], recorded["cpu"]
         command = [f"python3 -m bench.cpu_precision {name} --seeds {args.seeds}"]
         command += [f"{OPTION[f]} {','.join(v)}" for f, v in levels.items()]
         command += [f"--set {o}" for o in args.overrides]
         command += [f"--json {args.json}"] if args.json else []
         result["command"], result["date"] = " ".join(command), time.strftime("%Y-%m-%d")
-        recorded = provenance("bench.cpu_precision", sys.argv[1:])
         result["commit"], result["versions"] = recorded["commit"], recorded["versions"]
         result["overrides"] = args.overrides
         result["rows"] = normalized(result["rows"])

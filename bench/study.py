@@ -135,8 +135,15 @@ def run_parallel(
 ) -> None:
     """work(item, scratch directory, threads per run) -> one row, for every item, `jobs` at a time;
     each row is saved as it finishes. Failed runs are reported and end the study after the rest."""
+    from bench.common import provenance
+
     lock = threading.Lock()
     threads = max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else None
+    # The file names where and at which commit its rows ran; each row its own machine, so that
+    # a study resumed on another machine says which rows ran where.
+    here = provenance("bench", [])
+    machines = {str(r["machine"]) for r in result["rows"] if "machine" in r} | {here["machine"]}
+    result.update({k: here[k] for k in ("commit", "date", "versions")}, machine="; ".join(sorted(machines)))
     failures = []
     with tempfile.TemporaryDirectory(prefix="study-") as tmp, ThreadPoolExecutor(jobs) as pool:
         futures = [pool.submit(work, item, Path(tmp), threads) for item in items]
@@ -148,7 +155,7 @@ def run_parallel(
                 print(str(err)[:2000], file=sys.stderr, flush=True)
                 continue
             with lock:
-                result["rows"].append(row)
+                result["rows"].append({**row, "machine": here["machine"]})
                 save(path, result)
             print(json.dumps(row), flush=True)
     if failures:

@@ -1,0 +1,488 @@
+"""The generated blocks of README.md and docs/*.md: each renders figures from results files.
+
+A block is called by name from a page (`<!-- generated: NAME ARGS -->`); `python3 -m bench.docs`
+writes and checks them. Every table row names the machine and date of the file its figures come
+from (`results_files.measured_on`), and verdict words ("no difference shown", "within the ±1.5
+rule") are computed here from the same numbers. The study modules' own reports render the
+studies, so a page shows what `python3 -m bench.NAME report` prints.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+from bench import batching, cpu_precision, gpu_step, lr_scaling, squad2, study
+from bench.results_files import Results, interval, measured_on, num, table
+
+BLOCKS: dict[str, Callable[..., str]] = {}
+
+
+def block(name: str) -> Callable[[Callable[..., str]], Callable[..., str]]:
+    def register(render: Callable[..., str]) -> Callable[..., str]:
+        BLOCKS[name] = render
+        return render
+
+    return register
+
+
+def caption(results: Results, what: str = "") -> str:
+    prov = results.provenance()
+    return f"{what}Measured on {prov.label}, {prov.date}: `{prov.command}` (`bench/results/{results.name}`)."
+
+
+def verdict(diff: dict[str, Any] | None) -> str:
+    """What a paired interval says, in the project's words, with bench.study's rule: a setting
+    may change when the interval does not reach below -1.5."""
+    if diff is None:
+        return "-"
+    if diff["lo"] > 0:
+        said = "above zero"
+    elif diff["hi"] < 0:
+        said = "below zero"
+    else:
+        said = "no difference shown"
+    rule = "passes" if study.passes_rule(diff) else "fails"
+    return f"{said}; {rule} the ±{study.BOUND:g} rule"
+
+
+# --- the embedded default -----------------------------------------------------------------
+
+
+def first_command_rows(name: str) -> list[tuple[Results, dict[str, Any]]]:
+    results = Results(name)
+    return [(results, row) for row in results["rows"]]
+
+
+@block("first-command")
+def first_command(name: str) -> str:
+    """One line: what the README's first command printed, where, and how long it took."""
+    results, row = first_command_rows(name)[0]
+    return (
+        f"EM {num(row['exact_match'])} / F1 {num(row['f1'])} after {num(row['train_s'], 0)} s of training, "
+        f"{num(row['total_s'] / 60, 1)} min in all from a fresh clone ({measured_on(results, row)})"
+    )
+
+
+@block("first-command-table")
+def first_command_table(*names: str) -> str:
+    rows = []
+    for name in names:
+        for results, row in first_command_rows(name):
+            rows.append(
+                [
+                    measured_on(results, row),
+                    f"{row['precision']}",
+                    f"EM {num(row['exact_match'])} / F1 {num(row['f1'])}",
+                    f"{num(row['train_s'], 0)} s",
+                    f"{num(row['run_s'], 0)} s",
+                    f"{num(row['install_s'], 0)} s ({row['pip_cache']} pip cache)",
+                    f"{num(row['total_s'] / 60, 1)} min",
+                ]
+            )
+    head = ["machine, date", "`auto` picked", "EM / F1", "training", "the run", "install", "in all"]
+    return table(head, rows)
+
+
+@block("ci-time")
+def ci_time(name: str) -> str:
+    """How long `.ci/run` took from a fresh clone (a text file: `key: value` lines on top)."""
+    from bench.results_files import RESULTS, machine_label
+    from extractive_qa import reading
+
+    fields = dict(
+        line.split(": ", 1) for line in reading.read_text(RESULTS / name, reading.RECORD).splitlines() if ": " in line
+    )
+    seconds = float(fields["result"].split("seconds=")[1])
+    return f"{num(seconds / 60, 1)} min ({machine_label(fields['machine'])}, {fields['date']})"
+
+
+@block("cpu-study")
+def cpu_study(name: str) -> str:
+    results = Results(name)
+    return f"{caption(results)}\n\n{cpu_precision.report(results.data)}"
+
+
+def study_diff(name: str, factor: str, first: str, second: str) -> dict[str, Any]:
+    rows = cpu_precision.normalized(Results(name)["rows"])
+    diff = study.paired(study.by_seed(rows, {factor: first}), study.by_seed(rows, {factor: second}))
+    assert diff is not None, f"{name}: no seeds shared by {factor} {first} and {second}"
+    return diff
+
+
+def ratio_text(name: str, factor: str, first: str, second: str) -> str:
+    """Training time first / second over a study's shared seeds: `0.559x (0.544-0.577 over 5 seeds)`."""
+    results = Results(name)
+    rows = cpu_precision.normalized(results["rows"])
+    a = study.by_seed(rows, {factor: first}, "train_seconds")
+    b = study.by_seed(rows, {factor: second}, "train_seconds")
+    ratios = [results.timing(a[s]) / b[s] for s in sorted(set(a) & set(b))]
+    low, high = num(min(ratios), 3), num(max(ratios), 3)
+    return f"{num(statistics.mean(ratios), 3)}x ({low}-{high} over {len(ratios)} seeds)"
+
+
+@block("paired")
+def paired(name: str, factor: str, first: str, second: str) -> str:
+    """One paired F1 difference of a study, inline, with its verdict and machine."""
+    diff = study_diff(name, factor, first, second)
+    return f"{study.fmt_diff(diff)}, n = {diff['n']}, {verdict(diff)} ({measured_on(Results(name))})"
+
+
+@block("time-ratio")
+def time_ratio(name: str, factor: str, first: str, second: str) -> str:
+    return f"{ratio_text(name, factor, first, second)} ({measured_on(Results(name))})"
+
+
+# --- studies ------------------------------------------------------------------------------------
+
+
+@block("lr-scaling")
+def lr_scaling_report(name: str) -> str:
+    results = Results(name)
+    seeds = tuple(int(seed) for seed in lr_scaling.SEEDS.split(","))
+    return f"{caption(results)}\n\n{lr_scaling.report(results.data, None, seeds)}"
+
+
+@block("batching")
+def batching_report(name: str) -> str:
+    results = Results(name)
+    return f"{caption(results)}\n\n{batching.report(results.data, timings=results.timed)}"
+
+
+@block("squad2")
+def squad2_report(name: str) -> str:
+    results = Results(name)
+    return f"{caption(results)}\n\n{squad2.report(results.data)}"
+
+
+@block("squad2-recipes")
+def squad2_recipes(name: str) -> str:
+    results = Results(name)
+    return f"{caption(results)}\n\n{squad2.recipes_report(results['rows'])}"
+
+
+@block("aggregation-accuracy")
+def aggregation_accuracy(name: str) -> str:
+    from bench import aggregation_accuracy as module
+
+    results = Results(name)
+    rows = results["rows"]
+    frequencies = sorted({r["aggregation_frequency"] for r in rows})
+    optimizers = list(dict.fromkeys(r["optimizer"] for r in rows))
+    return f"{caption(results)}\n\n{module.table(rows, frequencies, optimizers)}"
+
+
+@block("aggregation")
+def aggregation(name: str) -> str:
+    results = Results(name)
+    rows = [
+        [
+            str(r["aggregation_frequency"]),
+            num(r["allreduce_calls_per_step"], 2),
+            num(r["allreduce_calls_per_batch"], 2),
+            num(r["allreduce_mb_per_step"], 1),
+        ]
+        for r in results["rows"]
+    ]
+    head = ["aggregation", "all-reduces per optimizer step", "per batch", "MB per step"]
+    return f"{caption(results)}\n\n{table(head, rows)}"
+
+
+@block("cluster-path")
+def cluster_path(*names: str) -> str:
+    rows = []
+    for name in names:
+        results = Results(name)
+        arms = [k for k in results["wall_seconds"]]
+        ratio_key = f"{arms[0]}_over_{arms[1]}"
+        same = all(
+            a["f1"] == b["f1"] for a, b in zip(*(results["scores"][arm] for arm in arms), strict=True)
+        )
+        rows.append(
+            [
+                measured_on(results),
+                f"`{results.provenance().command}`",
+                f"{arms[0]} / {arms[1]}: {num(results.timing(results[ratio_key]), 3)}",
+                "identical" if same else "differ",
+            ]
+        )
+    return table(["machine, date", "command", "wall time, medians", "EM / F1"], rows)
+
+
+@block("resume-rewrite")
+def resume_rewrite(name: str) -> str:
+    results = Results(name)
+    rows = []
+    for r in results["rows"]:
+        load, rewrite = r["load"], r["rewrite"]
+        rows.append(
+            [
+                f"{r['model']}, {num(r['state_mb'], 0)} MB",
+                f"{num(load['seconds'])} s, peak RSS {num(load['peak_rss_mb'], 0)} MB",
+                f"{num(rewrite['seconds'])} s, peak RSS {num(rewrite['peak_rss_mb'], 0)} MB",
+                f"{num(rewrite['seconds'] / load['seconds'])}x",
+            ]
+        )
+    head = ["checkpoint", "restore (`torch.load`)", "decode, check, write", "ratio"]
+    return f"{caption(results)}\n\n{table(head, rows)}"
+
+
+@block("data-speed")
+def data_speed() -> str:
+    """Feature preparation, answer extraction, a full-size train set, the cache's check."""
+    features, extraction = Results("features-amx.json"), Results("extraction-amx.json")
+    full, cache = Results("full-size-amx.json"), Results("cache-check-cpu.json")
+    rows = [
+        [
+            "feature preparation against the transformers QA examples' tokenization",
+            f"{num(features['speedup'], 2)}x on {features['examples']:,} examples; features identical: "
+            f"{'yes' if features['identical_features'] else 'no'}",
+            measured_on(features),
+        ],
+        *(
+            [
+                f"answer extraction against the QA examples' post-processing, {kind} logits",
+                f"{num(extraction[key]['speedup'], 1)}x on {extraction['examples']:,} examples; "
+                f"the same answers as the reference loop: "
+                f"{'yes' if extraction[key]['identical_to_reference_loop'] else 'no'}",
+                measured_on(extraction),
+            ]
+            for key, kind in (("random", "random"), ("trained_shaped", "trained-shaped"))
+        ),
+        [
+            f"a full-SQuAD-sized train set, {full['examples']:,} questions",
+            f"{full['features']:,} features in {num(full['build_seconds'], 1)} s, peak RSS "
+            f"{full['build_peak_rss_mb']:,} MB; a cache hit in {num(full['cache_hit_cli_seconds'], 2)} s",
+            measured_on(full),
+        ],
+        [
+            f"checking a cache entry on open, {cache['windows']:,} windows, {num(cache['bytes'] / 1e6, 0)} MB",
+            f"{num(cache['warm_check_s'], 3)} s from the page cache, {num(cache['cold_check_s'], 3)} s cold",
+            measured_on(cache),
+        ],
+    ]
+    return table(["what", "result", "machine, date"], rows)
+
+
+@block("memory")
+def memory(name: str) -> str:
+    results = Results(name)
+    runs = {(r["model"], r["batch"], r["checkpointing"]): r for r in results["rows"]}
+    rows = []
+    for model, batch, on in runs:
+        if on:
+            off = runs[(model, batch, False)]
+            here = runs[(model, batch, True)]
+            rows.append(
+                [
+                    f"BERT-{model}",
+                    str(batch),
+                    f"{num(off['peak_gib'])} GiB",
+                    f"{num(here['peak_gib'])} GiB",
+                    f"{num(here['peak_gib'] / off['peak_gib'])}x",
+                    f"{num(here['step_s'] / off['step_s'])}x",
+                ]
+            )
+    head = ["model", "batch", "peak, off", "peak, on", "on / off", "step time on / off"]
+    return f"{caption(results)}\n\n{table(head, rows)}"
+
+
+# --- speed ----------------------------------------------------------------------------------------
+
+
+@block("ladder")
+def ladder(*names: str) -> str:
+    """The throughput ladder, rung by rung, for each machine: sequences/s and x the first rung."""
+    rows = []
+    for name in names:
+        results = Results(name)
+        first = results["rows"][0]["sequences_per_s"]
+        for r in results["rows"]:
+            if "bare loop" in r["name"] or "trial via" in r["name"]:
+                continue
+            mfu = f", MFU {num(100 * r['mfu'], 1)} %" if r.get("mfu") else ""
+            rows.append(
+                [
+                    measured_on(results),
+                    f"{results['batch_size']} x {results['max_seq_length']}",
+                    r["name"],
+                    f"{num(r['sequences_per_s'], 1)} ({num(r['sequences_per_s'] / first)}x){mfu}",
+                ]
+            )
+    return table(["machine, date", "batch x max tokens", "rung", "sequences/s (x the first rung)"], rows)
+
+
+@block("harness")
+def harness(*names: str) -> str:
+    rows = []
+    for name in names:
+        results = Results(name)
+        by_name = {r["name"]: r["sequences_per_s"] for r in results["rows"]}
+        bare = next(v for k, v in by_name.items() if k.startswith("bare loop"))
+        trial = next(v for k, v in by_name.items() if k.startswith("trial via"))
+        overhead = results["harness_overhead"]  # as bench.throughput computed it
+        rows.append([measured_on(results), num(trial, 1), num(bare, 1), num(overhead, 3)])
+    return table(["machine, date", "trial, seq/s", "bare loop, seq/s", "harness overhead"], rows)
+
+
+@block("gpu-step")
+def gpu_step_table(name: str) -> str:
+    results = Results(name)
+    return f"{caption(results)}\n\n{gpu_step.table(results['rows'])}"
+
+
+@block("runtimes")
+def runtimes(name: str) -> str:
+    results = Results(name)
+    rows = []
+    base: dict[str, dict[str, Any]] = {}
+    for r in results["runtimes"]:
+        first = base.setdefault(r["model"], r)
+        batched, single = r["batched"], r["single"]
+        score = (
+            f"{num(r['exact_match'])} / {num(r['f1'])}" if r.get("f1") is not None else "(speed only)"
+        )
+        rows.append(
+            [
+                r["model"],
+                r["runtime"],
+                f"{num(batched['questions_per_s'], 1)} ({num(batched['questions_per_s'] / first['batched']['questions_per_s'])}x)",
+                f"{num(single['questions_per_s'], 1)} ({num(single['questions_per_s'] / first['single']['questions_per_s'])}x)",
+                f"{num(single['ms_p50'], 1)} / {num(single['ms_p99'], 1)}",
+                score,
+            ]
+        )
+    head = ["model", "runtime", "questions/s, calls of 32", "questions/s, one per call", "ms p50 / p99, one per call", "EM / F1"]
+    return f"{caption(results)}\n\n{table(head, rows)}"
+
+
+@block("end-to-end")
+def end_to_end(*names: str) -> str:
+    rows = []
+    for name in names:
+        results = Results(name)
+        e2e = results["end_to_end"]
+        batch, single = e2e["batch"], e2e.get("single") or {}
+        rows.append(
+            [
+                measured_on(results),
+                f"{num(batch['questions_per_s'], 1)}",
+                f"{num(single['ms_median'], 1)}" if "ms_median" in single else "-",
+            ]
+        )
+    return table(["machine, date", "questions/s, calls of 32", "one question, median ms"], rows)
+
+
+# --- the README's results table ---------------------------------------------------------------
+
+
+def paired_text(diff: dict[str, Any] | None) -> str:
+    return f"{study.fmt_diff(diff)} ({verdict(diff)})" if diff else "-"
+
+
+def lr_row() -> list[str]:
+    results = Results("lr-scaling-cpu.json")
+    rows = results["rows"]
+    seeds = tuple(int(seed) for seed in lr_scaling.SEEDS.split(","))
+    ref = lr_scaling.reference_lr(rows, seeds[:3])
+    one = lr_scaling.cell("adamw", 1, "none", ref)
+    parts = []
+    for k in (2, 4, 8):
+        s = study.summary(rows, lr_scaling.cell("adamw", k, "sqrt", ref), one)
+        parts.append(f"{k}x {study.fmt_diff(s and s['diff'])}")
+    return [
+        "learning rate by the square-root rule, paired F1 against 1x",
+        "; ".join(parts),
+        measured_on(results),
+        "[scaling](docs/scaling.md)",
+    ]
+
+
+def batching_row() -> list[str]:
+    results = Results("batching.json")
+    rows = results["rows"]
+    s = study.summary(rows, batching.cell("sorted/8"), batching.cell("padded"))
+    return [
+        "length-sorted batches (the default) against padding to the maximum, paired F1",
+        paired_text(s and s["diff"]),
+        measured_on(results),
+        "[batching](docs/batching.md)",
+    ]
+
+
+def squad2_row() -> list[str]:
+    results = Results("squad2-cpu.json")
+    rows = results["rows"]
+    seeds = squad2.shared_seeds(rows, "v2", "v1.1-style")
+    f1 = ("at_zero", "f1")
+    diff = study.paired(squad2.column(rows, "v2", f1, seeds), squad2.column(rows, "v1.1-style", f1, seeds))
+    return [
+        "SQuAD 2.0: training with the unanswerable questions, paired F1 at threshold 0",
+        paired_text(diff),
+        measured_on(results),
+        "[squad2](docs/squad2.md)",
+    ]
+
+
+def precision_row() -> list[str]:
+    name = "cpu-precision-amx-fast-masks.json"
+    return [
+        "bf16 against fp32 on a CPU, paired F1; training time",
+        f"{paired_text(study_diff(name, 'precision', 'bf16', 'fp32'))}; training time "
+        f"{ratio_text(name, 'precision', 'bf16', 'fp32')}",
+        measured_on(Results(name)),
+        "[results](docs/results.md#bf16-on-the-cpu)",
+    ]
+
+
+def runtime_row() -> list[str]:
+    results = Results("inference-runtimes-cpu.json")
+    runs = {(r["model"], r["runtime"]): r for r in results["runtimes"]}
+    torch_, int8 = runs[("checkpoint", "torch-fp32")], runs[("checkpoint", "onnx-int8")]
+    speed = int8["single"]["questions_per_s"] / torch_["single"]["questions_per_s"]
+    return [
+        "ONNX Runtime int8 against PyTorch fp32 on a CPU, one question per call",
+        f"{num(speed)}x the questions/s; F1 {num(int8['f1'] - torch_['f1'], 2, True)} (one model)",
+        measured_on(results),
+        "[results](docs/results.md#inference)",
+    ]
+
+
+def gpu_row() -> list[str]:
+    results = Results("throughput-h100-graphs-bf16-b64.json")
+    best = results["rows"][-1]
+    return [
+        f"BERT-base on one GPU, {results['batch_size']} per GPU, bf16, {best['name'].lstrip('+ ')}",
+        f"{num(best['sequences_per_s'], 0)} sequences/s, MFU {num(100 * best['mfu'], 1)} %",
+        measured_on(results),
+        "[gpu](docs/gpu.md)",
+    ]
+
+
+def features_row() -> list[str]:
+    results = Results("features-amx.json")
+    return [
+        "feature preparation against the transformers QA examples, the same features",
+        f"{num(results['speedup'])}x",
+        measured_on(results),
+        "[results](docs/results.md#data-and-extraction)",
+    ]
+
+
+@block("readme-results")
+def readme_results() -> str:
+    rows = [precision_row(), lr_row(), batching_row(), squad2_row(), runtime_row(), features_row(), gpu_row()]
+    return table(["what", "result", "machine, date", "details"], rows)
+
+
+@block("value")
+def value(name: str, key: str, decimals: str, unit: str = "") -> str:
+    """One value of a results file inside a sentence, with its machine and date."""
+    results = Results(name)
+    figure = results.data
+    for part in key.split("."):
+        figure = figure[int(part)] if isinstance(figure, list) else figure[part]
+    if unit in ("s", "ms", "min"):
+        figure = results.timing(figure)
+    return f"{num(figure, int(decimals))}{' ' + unit if unit else ''} ({measured_on(results)})"

@@ -1,0 +1,140 @@
+"""The results files in bench/results/ as the docs read them: values with their provenance.
+
+Every JSON file there names the command that wrote it, the commit it ran at, the date and the
+machine -- a CPU's model or a GPU's name -- either at its top level or on each of its rows (a
+file that gathers runs of several machines). `Results` hands out a file's values together with
+the short machine label and date that a rendered row carries, so a row is always labelled with
+the machine of the file its figures came from. A file measured before its CPU model was recorded
+says so (`"cpu_model": "not recorded"`); its timings are refused (`Results.timing`): a time
+without its machine means nothing, while accuracy on the same recipe does not depend on the CPU.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from extractive_qa import reading
+from extractive_qa.files import ROOT
+
+RESULTS = ROOT / "bench" / "results"
+PROVENANCE = ("command", "commit", "date", "machine")
+# A machine is named by its maker and model: a CPU's model name or a GPU's.
+MAKERS = re.compile(r"\b(AMD|Intel|NVIDIA|Apple|Ampere|AWS Graviton|Arm)\b")
+NOT_RECORDED = "not recorded"
+
+
+class NoProvenance(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Provenance:
+    command: str
+    commit: str
+    date: str
+    machine: str
+
+    @property
+    def label(self) -> str:
+        """The machine in a few words, as a table row names it."""
+        return machine_label(self.machine)
+
+
+def machine_label(machine: str) -> str:
+    if "NVIDIA" in machine:
+        return re.sub(r"\s*\(.*", "", machine)
+    if NOT_RECORDED in machine:
+        return "2-core CPU VM, model not recorded"
+    if "EPYC" in machine:
+        return "AMD EPYC (AVX512-BF16)"
+    if "Xeon" in machine:
+        if "AMX" in machine:
+            return "Intel Xeon (AMX)"
+        return "Intel Xeon (no bf16 units)" if "none" in machine else "Intel Xeon"
+    return machine.split(",")[0]
+
+
+def provenance_problems(record: dict[str, Any]) -> list[str]:
+    """What a provenance record lacks; empty when it names all four and a machine's model."""
+    missing = [k for k in PROVENANCE if not str(record.get(k) or "").strip()]
+    problems = [f"no {k}" for k in missing]
+    machine = str(record.get("machine") or "")
+    if machine and not MAKERS.search(machine):
+        if record.get("cpu_model") != NOT_RECORDED or NOT_RECORDED not in machine:
+            problems.append(f"machine {machine!r} names no CPU model or GPU")
+    return problems
+
+
+def load(name: str) -> Any:
+    return reading.read_json(RESULTS / name, reading.RECORD)
+
+
+def file_problems(path: Path) -> list[str]:
+    """Why a results file's provenance is incomplete (its top level, or each of its rows)."""
+    data = reading.read_json(path, reading.RECORD)
+    if not isinstance(data, dict):
+        return ["not a JSON object"]
+    if all(k in data for k in PROVENANCE):
+        return provenance_problems(data)
+    rows = data.get("rows")
+    if isinstance(rows, list) and rows and all(isinstance(r, dict) and "command" in r for r in rows):
+        return [f"row {i}: {p}" for i, r in enumerate(rows) for p in provenance_problems(r)]
+    return provenance_problems(data)
+
+
+class Results:
+    """One results file: its values, and the provenance every figure drawn from it carries."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.data: dict[str, Any] = load(name)
+        if problems := file_problems(RESULTS / name):
+            raise NoProvenance(f"bench/results/{name}: {'; '.join(problems)}")
+
+    def provenance(self, row: dict[str, Any] | None = None) -> Provenance:
+        source = row if row is not None and "machine" in row else self.data
+        return Provenance(*(str(source[k]) for k in PROVENANCE))
+
+    @property
+    def timed(self) -> bool:
+        """Whether this file's timings may be shown: its machine's model is on record."""
+        return self.data.get("cpu_model") != NOT_RECORDED
+
+    def timing(self, value: float) -> float:
+        if not self.timed:
+            raise NoProvenance(f"bench/results/{self.name}: a timing from a machine whose model is not recorded")
+        return value
+
+    def __getitem__(self, key: str) -> Any:
+        return self.data[key]
+
+
+def num(value: float, decimals: int = 2, sign: bool = False) -> str:
+    """A figure as the docs print it: fixed decimals, but never fewer than 3 significant digits
+    (so that a value moved by a few per cent shows), thousands separated."""
+    if not math.isfinite(value):
+        return str(value)
+    magnitude = math.floor(math.log10(abs(value))) if value else 0
+    decimals = max(decimals, 2 - magnitude) if value else decimals
+    text = f"{value:{'+' if sign else ''},.{decimals}f}"
+    return text
+
+
+def interval(diff: float, low: float, high: float, decimals: int = 2) -> str:
+    return f"{num(diff, decimals, True)} [{num(low, decimals, True)}, {num(high, decimals, True)}]"
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def measured_on(results: Results, row: dict[str, Any] | None = None) -> str:
+    """`machine, date` for a row or a caption."""
+    prov = results.provenance(row)
+    return f"{prov.label}, {prov.date}"
