@@ -29,7 +29,8 @@ def block(name: str) -> Callable[[Callable[..., str]], Callable[..., str]]:
 
 def caption(results: Results, what: str = "") -> str:
     prov = results.provenance()
-    return f"{what}Measured on {prov.label}, {prov.date}: `{prov.command}` (`bench/results/{results.name}`)."
+    shown = results.name if "/" in results.name else f"bench/results/{results.name}"
+    return f"{what}Measured on {prov.label}, {prov.date}: `{prov.command}` (`{shown}`)."
 
 
 def verdict(diff: dict[str, Any] | None) -> str:
@@ -486,3 +487,53 @@ def value(name: str, key: str, decimals: str, unit: str = "") -> str:
     if unit in ("s", "ms", "min"):
         figure = results.timing(figure)
     return f"{num(figure, int(decimals))}{' ' + unit if unit else ''} ({measured_on(results)})"
+
+
+# --- the scaling model ------------------------------------------------------------------------
+
+# The write-up's figures (the Determined blog post on this job) and what it does not give, assumed.
+WRITE_UP_HOURS, WRITE_UP_EPOCHS, SQUAD_WINDOWS = 7.0, 2, 88_600
+BERT_BASE_PARAMETERS, PER_GPU_BATCH = 110e6, 12
+K80_SETUPS = (  # (label, GPUs, the slowest link's bytes/s, the write-up's efficiency)
+    ("8 K80, one machine, ~6 GB/s", 8, 6e9, "> 0.80"),
+    ("16 K80, two machines, 10 Gbit/s", 16, 10e9 / 8, "0.83"),
+    ("16 K80, two machines, 25 Gbit/s", 16, 25e9 / 8, ""),
+)
+
+
+@block("k80-model")
+def k80_model() -> str:
+    """docs/scaling.md's no-overlap efficiency E = T_compute / (T_compute + T_comm) per setup."""
+    rate = WRITE_UP_EPOCHS * SQUAD_WINDOWS / (WRITE_UP_HOURS * 3600)  # windows/s on one K80
+    batch_s = PER_GPU_BATCH / rate
+    gradient_bytes = 4 * BERT_BASE_PARAMETERS
+    rows = []
+    for label, gpus, link, published in K80_SETUPS:
+        comm = 2 * (gpus - 1) / gpus * gradient_bytes / link
+        efficiency = [a * batch_s / (a * batch_s + comm) for a in (1, 2, 4, 8)]
+        rows.append([label, f"{num(comm)} s", *(num(e) for e in efficiency), published])
+    head = ["setup", "T_comm", "E at a = 1", "a = 2", "a = 4", "a = 8", "published"]
+    return f"T_batch = {num(batch_s)} s (12 windows at {num(rate, 1)} windows/s).\n\n{table(head, rows)}"
+
+
+@block("multi-machine")
+def multi_machine(path: str) -> str:
+    results = Results(path)
+    rows = []
+    for r in results["runs"]:
+        if "measured_over_model" not in r:
+            continue
+        link = r["name"].split()[1] + (", fp16 compression" if r["name"].endswith("fp16") else "")
+        rows.append(
+            [
+                link,
+                str(r["aggregation"]),
+                num(results.timing(r["samples_per_s"])),
+                num(r["speedup"]),
+                num(r["efficiency"]),
+                num(r["model_samples_per_s"]),
+                num(r["measured_over_model"]),
+            ]
+        )
+    head = ["link", "aggregation", "samples/s", "speedup", "per-slot efficiency", "model samples/s", "measured / model"]
+    return f"{caption(results)}\n\n{table(head, rows)}"

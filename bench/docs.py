@@ -40,13 +40,18 @@ NOT_FIGURES = {
     r"\b(?:beta2|adam_beta2|dropout|p|warmup_ratio|lr|learning rate|weight_decay|label smoothing|threshold of|max_grad_norm)[ =:]+\d+(?:\.\d+)?": "a setting",
     r"\b\d+(?:\.\d+)? (?:x|×) \d+": "a product of settings (slots x batch)",
     r"\bsm_?\d+\b|\bcompute capability \d+\.\d+": "a GPU architecture",
-    r"\b\d+ (?:h|min|s) (?:on one K80|on 16 K80s)|\b(?:about )?7 hours on one K80|30 minutes on\s+16 K80s": "the write-up's figures (cited)",
+    r"(?:about )?7 (?:h|hours)\b|30 (?:min|minutes) on 16 K80s|than 80 % per-GPU|> 80 %|efficiency 0\.83": "the write-up's figures (cited)",
+    r"\b(?:1|2|4|8|16|32|64)x\b": "a scale: samples per optimizer step as a multiple of the reference",
+    r"~?\d+ (?:Gbit/s|Mbit/s|GB/s)": "a link's rate (tc's setting, or an assumed link)",
+    r"\b10 % (?:linear )?warm-up": "a setting (warmup_ratio)",
     r"torchrun kills its workers 30 s": "torchrun's setting (its default)",
     r"\b\d+ s after\b|\bevery \d+ s\b|\bafter \d+ s\b|\bwithin \d+ s\b|\b\d+ s (?:timeout|limit|grace)": "a timeout setting",
     r"\b\d+(?:\.\d+)? ?(?:MB|GB|GiB|MiB)(?: of disk| limit| or more| per| each| at most| RAM)": "a size setting or requirement",
     r"\b\d+ (?:minutes|min) (?:a|per) (?:command|call)|\b20 minutes\b": "a limit set by the project",
     r"\b\d+(?:\.\d+)? ?M(?:-parameter| parameters)": "a model's parameter count (its config's)",
     r"\b\d+(?:\.\d+)? ?(?:GB|GiB|MB) by\s+default": "a default limit",
+    r"\b95 % (?:interval|CI|t interval|confidence)|\[95 % CI\]": "the intervals' confidence level",
+    r"(?:±|-|\+-)1\.5\b": "the rule's bound (bench.study.BOUND)",
 }
 EXEMPT = re.compile("|".join(f"(?:{p})" for p in NOT_FIGURES))
 
@@ -59,7 +64,7 @@ def render(spec: str) -> str:
     name, *args = shlex.split(spec)
     if name not in doc_blocks.BLOCKS:
         raise KeyError(f"unknown block {name!r}; known: {', '.join(sorted(doc_blocks.BLOCKS))}")
-    return doc_blocks.BLOCKS[name](*args)
+    return doc_blocks.BLOCKS[name](*args).strip("\n")
 
 
 def rewritten(text: str) -> str:
@@ -67,7 +72,10 @@ def rewritten(text: str) -> str:
     keeps its text on lines of their own; one inside a sentence stays inline."""
 
     def one(match: re.Match[str]) -> str:
-        body = render(match["spec"])
+        try:
+            body = render(match["spec"])
+        except Exception:  # noqa: BLE001 -- left as it is; problems() names the block and why
+            return match.group()
         if match["body"].startswith("\n"):
             body = f"\n{body}\n"
         return f"<!-- generated: {match['spec']} -->{body}<!-- /generated -->"
@@ -81,7 +89,14 @@ def prose(text: str) -> str:
     def blank(match: re.Match[str]) -> str:
         return re.sub(r"[^\n]", " ", match.group())
 
-    for pattern in (r"```.*?```", BLOCK.pattern, r"`[^`\n]*`", r"\]\([^)\s]*\)", r"<!--.*?-->", r"https?://\S+"):
+    for pattern in (
+        r"```.*?```",
+        BLOCK.pattern,
+        r"`[^`\n]*`",
+        r"\]\([^)\s]*\)",
+        r"<!--.*?-->",
+        r"https?://\S+",
+    ):
         text = re.sub(pattern, blank, text, flags=re.S)
     return text
 
@@ -104,17 +119,22 @@ def problems() -> list[str]:
             line = text.count("\n", 0, match.start()) + 1
             try:
                 expected = render(match["spec"])
-            except (KeyError, results_files.NoProvenance, reading.UnreadableFile) as err:
-                found.append(f"{shown}:{line}: block {match['spec']!r}: {err}")
+            except Exception as err:  # noqa: BLE001 -- a missing file or field, named with its block
+                found.append(f"{shown}:{line}: block {match['spec']!r}: {type(err).__name__}: {err}")
                 continue
             if match["body"].strip("\n") != expected:
                 found.append(f"{shown}:{line}: block {match['spec']!r} differs from its results files")
-        found += [f"{shown}:{line}: {figure!r} is a figure outside a generated block" for line, figure in free_figures(text)]
+        found += [
+            f"{shown}:{line}: {figure!r} is a figure outside a generated block"
+            for line, figure in free_figures(text)
+        ]
     return found
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--write", action="store_true", help="rewrite every generated block")
     mode.add_argument("--check", action="store_true", help="exit 1 where a page or a results file drifted")
@@ -127,7 +147,10 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"rewrote {page.relative_to(ROOT)}")
     if found := problems():
         print("\n".join(found), file=sys.stderr)
-        print(f"{len(found)} problem(s): run `python3 -m bench.docs --write`, or mend the results file", file=sys.stderr)
+        print(
+            f"{len(found)} problem(s): run `python3 -m bench.docs --write`, or mend the results file",
+            file=sys.stderr,
+        )
         return 1
     print("every generated block matches its results files; no figure outside them")
     return 0

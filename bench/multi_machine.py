@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.common import provenance
 from extractive_qa import scaling_report, scaling_runs
 from extractive_qa.config import experiment
 from extractive_qa.config.model_family import EMBEDDED_MODEL, resolve_pretrained
@@ -204,6 +205,7 @@ def main() -> int:
         "none (no sch_netem in this kernel: rate-limited by tbf only)" if d is None else d for d in DELAYS
     )
     report["wall_minutes"] = round((time.time() - started) / 60, 1)
+    report = {**provenance("bench.multi_machine", sys.argv[1:]), **report}
     scaling_report.write_report(report, args.out)
     plot_links(report, args.out / "report.png")
     print(json.dumps({"runs": [{k: r.get(k) for k in ("name", "samples_per_s", "speedup", "efficiency",

@@ -69,8 +69,14 @@ def provenance_problems(record: dict[str, Any]) -> list[str]:
     return problems
 
 
+def path_of(name: str) -> Path:
+    """A file of bench/results by its name, or another of the project's results by its path
+    (docs/multi-machine/report.json, which a study writes beside its plot)."""
+    return ROOT / name if "/" in name else RESULTS / name
+
+
 def load(name: str) -> Any:
-    return reading.read_json(RESULTS / name, reading.RECORD)
+    return reading.read_json(path_of(name), reading.RECORD)
 
 
 def file_problems(path: Path) -> list[str]:
@@ -92,8 +98,8 @@ class Results:
     def __init__(self, name: str) -> None:
         self.name = name
         self.data: dict[str, Any] = load(name)
-        if problems := file_problems(RESULTS / name):
-            raise NoProvenance(f"bench/results/{name}: {'; '.join(problems)}")
+        if problems := file_problems(path_of(name)):
+            raise NoProvenance(f"{path_of(name).relative_to(ROOT)}: {'; '.join(problems)}")
 
     def provenance(self, row: dict[str, Any] | None = None) -> Provenance:
         source = row if row is not None and "machine" in row else self.data
@@ -106,7 +112,7 @@ class Results:
 
     def timing(self, value: float) -> float:
         if not self.timed:
-            raise NoProvenance(f"bench/results/{self.name}: a timing from a machine whose model is not recorded")
+            raise NoProvenance(f"{self.name}: a timing from a machine whose model is not recorded")
         return value
 
     def __getitem__(self, key: str) -> Any:
