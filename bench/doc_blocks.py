@@ -537,3 +537,97 @@ def multi_machine(path: str) -> str:
         )
     head = ["link", "aggregation", "samples/s", "speedup", "per-slot efficiency", "model samples/s", "measured / model"]
     return f"{caption(results)}\n\n{table(head, rows)}"
+
+
+# --- one GPU --------------------------------------------------------------------------------------
+
+
+@block("rungs")
+def rungs(*names: str) -> str:
+    """The ladder side by side: one column per results file (its batch, machine and date)."""
+    files = [Results(name) for name in names]
+    order = list(dict.fromkeys(r["name"] for f in files for r in f["rows"] if not is_harness(r)))
+    head = ["rung"] + [f"{f['batch_size']} per GPU ({measured_on(f)})" for f in files]
+    rows = []
+    for rung in order:
+        cells = []
+        for f in files:
+            found = [r for r in f["rows"] if r["name"] == rung]
+            cells.append(num(found[0]["sequences_per_s"], 0) if found else "-")
+        rows.append([rung, *cells])
+    best = [max(r["sequences_per_s"] for r in f["rows"] if not is_harness(r)) for f in files]
+    first = [next(r for r in f["rows"] if not is_harness(r))["sequences_per_s"] for f in files]
+    rows.append(["best / the standard recipe", *(f"{num(b / s)}x" for b, s in zip(best, first, strict=True))])
+    return "Sequences/s.\n\n" + table(head, rows)
+
+
+def is_harness(row: dict[str, Any]) -> bool:
+    return row["name"].startswith(("bare loop", "trial via"))
+
+
+def graphs_cells(results: Results) -> dict[str, Any]:
+    """The trial's eager step (the rung before width buckets), buckets, and CUDA graphs."""
+    names = [r["name"] for r in results["rows"]]
+    by = {r["name"]: r for r in results["rows"]}
+    buckets = next((n for n in names if n.startswith("+ width buckets")), None)
+    graphs = next((n for n in names if n.startswith("+ CUDA graphs")), None)
+    eager = names[names.index(buckets) - 1] if buckets else names[-1]
+    return {"eager": by[eager], "buckets": by.get(buckets or ""), "graphs": by.get(graphs or "")}
+
+
+@block("graphs")
+def graphs(*names: str) -> str:
+    rows = []
+    for name in names:
+        results = Results(name)
+        cells = graphs_cells(results)
+        top = cells["graphs"] or cells["eager"]
+        rows.append(
+            [
+                f"{results['batch_size']}, {'bf16' if 'bf16' in top['name'] or 'bf16' in name else 'fp32 + TF32'}",
+                num(cells["eager"]["sequences_per_s"], 0),
+                num(cells["buckets"]["sequences_per_s"], 0) if cells["buckets"] else "-",
+                num(cells["graphs"]["sequences_per_s"], 0) if cells["graphs"] else "-",
+                f"{num(100 * top['mfu'], 1)} %",
+                f"{num(top['peak_memory_gb'], 1)} GB",
+                measured_on(results),
+            ]
+        )
+    head = ["per GPU, precision", "the trial's eager step", "+ buckets /64", "+ CUDA graphs", "MFU, fastest rung", "peak memory", "machine, date"]
+    return "Sequences/s.\n\n" + table(head, rows)
+
+
+@block("gpu-goals")
+def gpu_goals(small: str, large: str, largest: str) -> str:
+    """The GPU goals: MFU at 64+ and at 12 per GPU, and 2 epochs of SQuAD v1.1 in 90 s."""
+    lines = []
+    for name, goal, what in ((large, 40, "64+ per GPU, bf16"), (small, 15, "12 per GPU")):
+        results = Results(name)
+        top = max(results["rows"], key=lambda r: r["mfu"])
+        reached = "reached" if 100 * top["mfu"] >= goal else "not reached"
+        lines.append(
+            f"- MFU >= {goal} % at {what}: {reached}, {num(100 * top['mfu'], 1)} % "
+            f"({top['name'].lstrip('+ ')}; {measured_on(results)})"
+        )
+    results = Results(largest)
+    top = max(results["rows"], key=lambda r: r["sequences_per_s"])
+    seconds = 2 * SQUAD_WINDOWS / top["sequences_per_s"]
+    reached = "reached" if seconds <= 90 else "not reached"
+    lines.append(
+        f"- SQuAD v1.1 x 2 epochs in 90 s or less on one GPU: {reached}, {num(seconds, 1)} s projected at "
+        f"{results['batch_size']} per GPU ({top['name'].lstrip('+ ')}; {measured_on(results)})"
+    )
+    return "\n".join(lines)
+
+
+@block("cross-study")
+def cross_study(first: str, second: str, factor: str, level: str) -> str:
+    """One arm of two studies on different machines, paired by seed: first - second."""
+    a, b = Results(first), Results(second)
+    rows_a, rows_b = (cpu_precision.normalized(r["rows"]) for r in (a, b))
+    diff = study.paired(study.by_seed(rows_a, {factor: level}), study.by_seed(rows_b, {factor: level}))
+    assert diff is not None, f"{first} and {second} share no seeds for {factor} {level}"
+    return (
+        f"{study.fmt_diff(diff)}, n = {diff['n']}, {verdict(diff)} "
+        f"({measured_on(a)} against {measured_on(b)})"
+    )

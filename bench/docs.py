@@ -44,6 +44,7 @@ NOT_FIGURES = {
     r"\b(?:1|2|4|8|16|32|64)x\b": "a scale: samples per optimizer step as a multiple of the reference",
     r"~?\d+ (?:Gbit/s|Mbit/s|GB/s)": "a link's rate (tc's setting, or an assumed link)",
     r"\b10 % (?:linear )?warm-up": "a setting (warmup_ratio)",
+    r"\b(?:section|appendix|table|figure) \d+(?:\.\d+)*": "a citation's section",
     r"torchrun kills its workers 30 s": "torchrun's setting (its default)",
     r"\b\d+ s after\b|\bevery \d+ s\b|\bafter \d+ s\b|\bwithin \d+ s\b|\b\d+ s (?:timeout|limit|grace)": "a timeout setting",
     r"\b\d+(?:\.\d+)? ?(?:MB|GB|GiB|MiB)(?: of disk| limit| or more| per| each| at most| RAM)": "a size setting or requirement",
