@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from bench import batching, cpu_precision, gpu_step, lr_scaling, squad2, study
-from bench.results_files import Results, interval, measured_on, num, table
+from bench.results_files import Results, measured_on, num, table
 
 BLOCKS: dict[str, Callable[..., str]] = {}
 
@@ -93,7 +93,9 @@ def ci_time(name: str) -> str:
     from extractive_qa import reading
 
     fields = dict(
-        line.split(": ", 1) for line in reading.read_text(RESULTS / name, reading.RECORD).splitlines() if ": " in line
+        line.split(": ", 1)
+        for line in reading.read_text(RESULTS / name, reading.RECORD).splitlines()
+        if ": " in line
     )
     seconds = float(fields["result"].split("seconds=")[1])
     return f"{num(seconds / 60, 1)} min ({machine_label(fields['machine'])}, {fields['date']})"
@@ -197,9 +199,7 @@ def cluster_path(*names: str) -> str:
         results = Results(name)
         arms = [k for k in results["wall_seconds"]]
         ratio_key = f"{arms[0]}_over_{arms[1]}"
-        same = all(
-            a["f1"] == b["f1"] for a, b in zip(*(results["scores"][arm] for arm in arms), strict=True)
-        )
+        same = all(a["f1"] == b["f1"] for a, b in zip(*(results["scores"][arm] for arm in arms), strict=True))
         rows.append(
             [
                 measured_on(results),
@@ -258,7 +258,8 @@ def data_speed() -> str:
             measured_on(full),
         ],
         [
-            f"checking a cache entry on open, {cache['windows']:,} windows, {num(cache['bytes'] / 1e6, 0)} MB",
+            f"checking a cache entry on open, {cache['windows']:,} windows, "
+            f"{num(cache['bytes'] / 1e6, 0)} MB",
             f"{num(cache['warm_check_s'], 3)} s from the page cache, {num(cache['cold_check_s'], 3)} s cold",
             measured_on(cache),
         ],
@@ -341,20 +342,29 @@ def runtimes(name: str) -> str:
     for r in results["runtimes"]:
         first = base.setdefault(r["model"], r)
         batched, single = r["batched"], r["single"]
-        score = (
-            f"{num(r['exact_match'])} / {num(r['f1'])}" if r.get("f1") is not None else "(speed only)"
-        )
+        speed = {
+            kind: r[kind]["questions_per_s"] / first[kind]["questions_per_s"]
+            for kind in ("batched", "single")
+        }
+        score = f"{num(r['exact_match'])} / {num(r['f1'])}" if r.get("f1") is not None else "(speed only)"
         rows.append(
             [
                 r["model"],
                 r["runtime"],
-                f"{num(batched['questions_per_s'], 1)} ({num(batched['questions_per_s'] / first['batched']['questions_per_s'])}x)",
-                f"{num(single['questions_per_s'], 1)} ({num(single['questions_per_s'] / first['single']['questions_per_s'])}x)",
+                f"{num(batched['questions_per_s'], 1)} ({num(speed['batched'])}x)",
+                f"{num(single['questions_per_s'], 1)} ({num(speed['single'])}x)",
                 f"{num(single['ms_p50'], 1)} / {num(single['ms_p99'], 1)}",
                 score,
             ]
         )
-    head = ["model", "runtime", "questions/s, calls of 32", "questions/s, one per call", "ms p50 / p99, one per call", "EM / F1"]
+    head = [
+        "model",
+        "runtime",
+        "questions/s, calls of 32",
+        "questions/s, one per call",
+        "ms p50 / p99, one per call",
+        "EM / F1",
+    ]
     return f"{caption(results)}\n\n{table(head, rows)}"
 
 
@@ -535,7 +545,15 @@ def multi_machine(path: str) -> str:
                 num(r["measured_over_model"]),
             ]
         )
-    head = ["link", "aggregation", "samples/s", "speedup", "per-slot efficiency", "model samples/s", "measured / model"]
+    head = [
+        "link",
+        "aggregation",
+        "samples/s",
+        "speedup",
+        "per-slot efficiency",
+        "model samples/s",
+        "measured / model",
+    ]
     return f"{caption(results)}\n\n{table(head, rows)}"
 
 
@@ -582,9 +600,10 @@ def graphs(*names: str) -> str:
         results = Results(name)
         cells = graphs_cells(results)
         top = cells["graphs"] or cells["eager"]
+        precision = "bf16" if "bf16" in top["name"] or "bf16" in name else "fp32 + TF32"
         rows.append(
             [
-                f"{results['batch_size']}, {'bf16' if 'bf16' in top['name'] or 'bf16' in name else 'fp32 + TF32'}",
+                f"{results['batch_size']}, {precision}",
                 num(cells["eager"]["sequences_per_s"], 0),
                 num(cells["buckets"]["sequences_per_s"], 0) if cells["buckets"] else "-",
                 num(cells["graphs"]["sequences_per_s"], 0) if cells["graphs"] else "-",
@@ -593,7 +612,15 @@ def graphs(*names: str) -> str:
                 measured_on(results),
             ]
         )
-    head = ["per GPU, precision", "the trial's eager step", "+ buckets /64", "+ CUDA graphs", "MFU, fastest rung", "peak memory", "machine, date"]
+    head = [
+        "per GPU, precision",
+        "the trial's eager step",
+        "+ buckets /64",
+        "+ CUDA graphs",
+        "MFU, fastest rung",
+        "peak memory",
+        "machine, date",
+    ]
     return "Sequences/s.\n\n" + table(head, rows)
 
 
@@ -631,3 +658,23 @@ def cross_study(first: str, second: str, factor: str, level: str) -> str:
         f"{study.fmt_diff(diff)}, n = {diff['n']}, {verdict(diff)} "
         f"({measured_on(a)} against {measured_on(b)})"
     )
+
+
+@block("memory-fits")
+def memory_fits(name: str) -> str:
+    """bench.memory's estimate of the largest per-device batch per card size."""
+    results = Results(name)
+    summary = results["summary"]
+    cards = list(summary[0]["largest_batch_estimate"])
+    rows = [
+        [
+            f"BERT-{s['model']}",
+            "on" if s["checkpointing"] else "off",
+            f"{num(s['per_sample_gib'])} GiB",
+            *(str(s["largest_batch_estimate"][card]) for card in cards),
+        ]
+        for s in summary
+    ]
+    head = ["model", "checkpointing", "activations per sample", *cards]
+    prov = results.provenance()
+    return f"Estimated from {prov.label}'s run ({prov.date}).\n\n{table(head, rows)}"

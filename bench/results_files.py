@@ -130,10 +130,6 @@ def num(value: float, decimals: int = 2, sign: bool = False) -> str:
     return text
 
 
-def interval(diff: float, low: float, high: float, decimals: int = 2) -> str:
-    return f"{num(diff, decimals, True)} [{num(low, decimals, True)}, {num(high, decimals, True)}]"
-
-
 def table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]

@@ -65,7 +65,21 @@ def supported() -> str | None:
 
 
 def free_ports(n: int) -> list[int]:
-    """n distinct ports free right now (held open together, so none is handed out twice)."""
+    """n distinct ports free right now (held open together, so none is handed out twice).
+
+    Every emulated allocation gets its own c10d port and its own two ZMQ ports
+    (INTER_TRAIN_PROCESS_COMM_PORT_1/_2), as a real master does from its port registry
+    (master/internal/task/allocation.go: `getPorts(spec.UniqueExposedPortRequests)`, then
+    `spec.ExtraEnvVars[portName]`; the requests are task_trial.go's DTRAIN_SSH_PORT,
+    INTER_TRAIN_PROCESS_COMM_PORT_1/2 and C10D_PORT). With Determined's defaults
+    (determined/constants.py) a second emulated cluster on the same host -- another test run
+    beside this one -- can hold them: the restarted allocation of the pause test exits 1, its
+    chief cannot bind its broadcast server (`zmq.error.ZMQError: Address already in use`), and
+    rank 1 connects to the other run's chief and receives its serial messages instead of a hello
+    (`RuntimeError: got non-_HelloMessage: _SerialMessage`). The 2-slot fixture of
+    tests/test_cluster.py holds the two default ZMQ ports open while it runs, so it fails at once
+    without per-allocation ports.
+    """
     with contextlib.ExitStack() as stack:
         socks = [stack.enter_context(socket.socket()) for _ in range(n)]
         for s in socks:

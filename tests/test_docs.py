@@ -1,0 +1,165 @@
+"""Every figure of the README and docs is generated from its results file: `python3 -m bench.docs
+--check` passes on the tree, and fails when a page or a results file is made false."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench import docs, results_files
+from extractive_qa.files import ROOT
+
+EDITS = 30  # random edits of each kind per run: each costs one check (a fraction of a second)
+
+
+@pytest.fixture
+def tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A copy of the pages and results files that the check reads instead of the project's."""
+    for part in ("README.md", "docs", "bench/results"):
+        source, target = ROOT / part, tmp_path / part
+        target.parent.mkdir(parents=True, exist_ok=True)
+        (shutil.copytree if source.is_dir() else shutil.copy2)(source, target)
+    monkeypatch.setattr(docs, "ROOT", tmp_path)
+    monkeypatch.setattr(results_files, "ROOT", tmp_path)
+    monkeypatch.setattr(results_files, "RESULTS", tmp_path / "bench" / "results")
+    return tmp_path
+
+
+def test_the_tree_passes_the_check() -> None:
+    assert docs.main(["--check"]) == 0, "\n".join(docs.problems())
+
+
+def test_a_figure_edited_in_a_block_is_named_with_its_page_and_line(tree: Path) -> None:
+    readme = tree / "README.md"
+    text = readme.read_text()
+    block = next(m for m in docs.BLOCK.finditer(text) if m["spec"].startswith("first-command "))
+    figure = re.search(r"F1 (\d+\.\d+)", block["body"])
+    assert figure
+    edited = text[: block.start()] + block.group().replace(figure[1], f"{float(figure[1]) + 1:.2f}", 1)
+    readme.write_text(edited + text[block.end() :])
+    line = text.count("\n", 0, block.start()) + 1
+    assert [p for p in docs.problems() if p.startswith(f"README.md:{line}: block 'first-command ")]
+
+
+def test_a_figure_in_prose_is_named_and_settings_are_not(tree: Path) -> None:
+    page = tree / "docs" / "models.md"
+    settings = "\nBatch 16, 3 epochs at 256 tokens, lr 2e-4, torch 2.13.0, Python 3.11, a 10 % warm-up.\n"
+    page.write_text(page.read_text() + settings)
+    assert docs.problems() == []
+    page.write_text(page.read_text() + "A step took 12.0 s, 3.1x faster.\n")
+    named = [p for p in docs.problems() if p.startswith("docs/models.md:")]
+    assert any("'12.0 s'" in p for p in named) and any("'3.1x'" in p for p in named), named
+
+
+def test_a_results_file_without_its_machine_is_named(tree: Path) -> None:
+    path = tree / "bench" / "results" / "cache-check-cpu.json"
+    data = json.loads(path.read_text())
+    data["machine"] = "x86_64, 2 cores"
+    path.write_text(json.dumps(data))
+    found = docs.problems()
+    assert "bench/results/cache-check-cpu.json: machine 'x86_64, 2 cores' names no CPU model or GPU" in found
+    assert any("block 'value cache-check-cpu.json" in p for p in found)
+
+
+def test_a_timing_of_a_machine_not_recorded_is_refused(tree: Path) -> None:
+    readme = tree / "README.md"
+    readme.write_text(
+        readme.read_text()
+        + "\n<!-- generated: value batching.json rows.0.train_seconds 1 s -->x<!-- /generated -->\n"
+    )
+    assert any("a timing from a machine whose model is not recorded" in p for p in docs.problems())
+
+
+def figures_in_blocks(root: Path) -> list[tuple[Path, int, str]]:
+    """(page, offset, figure) for every decimal or signed number inside a generated block."""
+    found = []
+    for page in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
+        text = page.read_text()
+        for block in docs.BLOCK.finditer(text):
+            start = block.start("body")
+            for m in re.finditer(r"(?<![\w.])[-+]?\d[\d,]*\.\d+(?![\w.])", block["body"]):
+                found.append((page, start + m.start(), m.group()))
+    return found
+
+
+def moved(figure: str, rng: random.Random) -> str:
+    """The figure 7 % larger or smaller, or with its sign flipped, printed as the page prints it."""
+    value = float(figure.replace(",", ""))
+    decimals = len(figure.split(".")[1])
+    if figure[0] in "+-" and rng.random() < 0.5:
+        return f"{-value:+.{decimals}f}"
+    factor = rng.choice((0.93, 1.07))
+    return f"{value * factor:{'+' if figure[0] in '+-' else ''},.{decimals}f}"
+
+
+def test_random_figures_moved_on_a_page_fail_the_check(tree: Path) -> None:
+    rng = random.Random(7)
+    figures = figures_in_blocks(tree)
+    chosen = rng.sample(figures, min(EDITS, len(figures)))
+    missed = []
+    for page, offset, figure in chosen:
+        text = page.read_text()
+        new = moved(figure, rng)
+        if new == figure:
+            continue
+        page.write_text(text[:offset] + new + text[offset + len(figure) :])
+        if not docs.problems():
+            missed.append(f"{page.name}: {figure} -> {new}")
+        page.write_text(text)
+    assert not missed
+
+
+def numbers(value: Any, path: tuple[Any, ...] = ()) -> list[tuple[tuple[Any, ...], float]]:
+    if isinstance(value, bool):
+        return []
+    if isinstance(value, int | float):
+        return [(path, value)]
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else []
+    return [leaf for key, item in items for leaf in numbers(item, (*path, key))]
+
+
+def quoted(value: float, bodies: str) -> bool:
+    """Whether the pages show this value as the blocks print values (2-3 decimals, percent)."""
+    forms = {
+        f"{value:.2f}",
+        f"{value:.3f}",
+        f"{value:,.0f}" if abs(value) >= 100 else "",
+        f"{100 * value:.1f} %",
+    }
+    return any(form and re.search(rf"(?<![\d.]){re.escape(form)}(?![\d])", bodies) for form in forms)
+
+
+def test_random_quoted_results_values_moved_fail_the_check(tree: Path) -> None:
+    rng = random.Random(11)
+    bodies = "".join(
+        b["body"]
+        for _, _, b in (
+            (p, 0, m)
+            for p in [tree / "README.md", *(tree / "docs").glob("*.md")]
+            for m in docs.BLOCK.finditer(p.read_text())
+        )
+    )
+    leaves = []
+    for path in sorted((tree / "bench" / "results").glob("*.json")):
+        data = json.loads(path.read_text())
+        leaves += [(path, keys, v) for keys, v in numbers(data) if v and quoted(v, bodies)]
+    chosen = rng.sample(leaves, min(EDITS, len(leaves)))
+    missed = []
+    for path, keys, value in chosen:
+        original = path.read_text()
+        data = json.loads(original)
+        holder = data
+        for key in keys[:-1]:
+            holder = holder[key]
+        holder[keys[-1]] = value * rng.choice((0.93, 1.07))
+        path.write_text(json.dumps(data))
+        if not docs.problems():
+            missed.append(f"{path.name} {keys}: {value}")
+        path.write_text(original)
+    assert not missed
