@@ -65,7 +65,7 @@ def table(rows: list[dict[str, Any]], frequencies: list[int], optimizers: list[s
         cells = []
         for optimizer in optimizers:
             row = by_key.get((frequency, optimizer))
-            cells.append(f"{row['exact_match']:.1f} / {row['f1']:.1f}" if row else "-")
+            cells.append(f"{row['exact_match']:.2f} / {row['f1']:.2f}" if row else "-")
         samples = next(
             (r["samples_per_optimizer_step"] for r in rows if r["aggregation_frequency"] == frequency), "-"
         )

@@ -215,11 +215,9 @@ def train(args: argparse.Namespace, result: dict[str, Any]) -> dict[str, Any]:
     return study.run_all(runs, args.json, result, args.config, args.jobs)
 
 
-def report(result: dict[str, Any], timings: bool = True) -> str:
-    """The study's table; `timings=False` leaves out the speed columns (a file whose machine's
-    model is not on record)."""
+def report(result: dict[str, Any]) -> str:
     rows, stats_ = result["rows"], (result.get("stats") or {}).get("arms", {})
-    speeds = (result.get("speed") or {}) if timings else {}
+    speeds = result.get("speed") or {}
     head = ["batching", "runs", "F1 mean ± std", "EM mean ± std", f"F1 - {BASELINE}, paired [95 % CI]"]
     head += ["padding", "repeat e0→e1", "same paragraph", "full-size repeat"]
     head += [f"samples/s, {m}" for m in speeds]

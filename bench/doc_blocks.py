@@ -120,7 +120,7 @@ def ratio_text(name: str, factor: str, first: str, second: str) -> str:
     rows = cpu_precision.normalized(results["rows"])
     a = study.by_seed(rows, {factor: first}, "train_seconds")
     b = study.by_seed(rows, {factor: second}, "train_seconds")
-    ratios = [results.timing(a[s]) / b[s] for s in sorted(set(a) & set(b))]
+    ratios = [(a[s]) / b[s] for s in sorted(set(a) & set(b))]
     low, high = num(min(ratios), 3), num(max(ratios), 3)
     return f"{num(statistics.mean(ratios), 3)}x ({low}-{high} over {len(ratios)} seeds)"
 
@@ -150,7 +150,7 @@ def lr_scaling_report(name: str) -> str:
 @block("batching")
 def batching_report(name: str) -> str:
     results = Results(name)
-    return f"{caption(results)}\n\n{batching.report(results.data, timings=results.timed)}"
+    return f"{caption(results)}\n\n{batching.report(results.data)}"
 
 
 @block("squad2")
@@ -204,7 +204,7 @@ def cluster_path(*names: str) -> str:
             [
                 measured_on(results),
                 f"`{results.provenance().command}`",
-                f"{arms[0]} / {arms[1]}: {num(results.timing(results[ratio_key]), 3)}",
+                f"{arms[0]} / {arms[1]}: {num((results[ratio_key]), 3)}",
                 "identical" if same else "differ",
             ]
         )
@@ -495,7 +495,7 @@ def value(name: str, key: str, decimals: str, unit: str = "") -> str:
     for part in key.split("."):
         figure = figure[int(part)] if isinstance(figure, list) else figure[part]
     if unit in ("s", "ms", "min"):
-        figure = results.timing(figure)
+        figure = figure
     return f"{num(figure, int(decimals))}{' ' + unit if unit else ''} ({measured_on(results)})"
 
 
@@ -538,7 +538,7 @@ def multi_machine(path: str) -> str:
             [
                 link,
                 str(r["aggregation"]),
-                num(results.timing(r["samples_per_s"])),
+                num(r["samples_per_s"]),
                 num(r["speedup"]),
                 num(r["efficiency"]),
                 num(r["model_samples_per_s"]),

@@ -5,8 +5,9 @@ machine -- a CPU's model or a GPU's name -- either at its top level or on each o
 file that gathers runs of several machines). `Results` hands out a file's values together with
 the short machine label and date that a rendered row carries, so a row is always labelled with
 the machine of the file its figures came from. A file measured before its CPU model was recorded
-says so (`"cpu_model": "not recorded"`); its timings are refused (`Results.timing`): a time
-without its machine means nothing, while accuracy on the same recipe does not depend on the CPU.
+says so (`"cpu_model": "not recorded"`); `Results` hands out no timings of it (`without_timings`):
+a time without its machine means nothing, while accuracy on the same recipe does not depend on
+the CPU.
 """
 
 from __future__ import annotations
@@ -97,26 +98,31 @@ class Results:
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.data: dict[str, Any] = load(name)
+        data = load(name)
         if problems := file_problems(path_of(name)):
             raise NoProvenance(f"{path_of(name).relative_to(ROOT)}: {'; '.join(problems)}")
+        # A time means nothing without its machine: a file whose CPU model is not on record hands
+        # out no timings at all, so no block can show one.
+        self.data: dict[str, Any] = without_timings(data) if data.get("cpu_model") == NOT_RECORDED else data
 
     def provenance(self, row: dict[str, Any] | None = None) -> Provenance:
         source = row if row is not None and "machine" in row else self.data
         return Provenance(*(str(source[k]) for k in PROVENANCE))
 
-    @property
-    def timed(self) -> bool:
-        """Whether this file's timings may be shown: its machine's model is on record."""
-        return self.data.get("cpu_model") != NOT_RECORDED
-
-    def timing(self, value: float) -> float:
-        if not self.timed:
-            raise NoProvenance(f"{self.name}: a timing from a machine whose model is not recorded")
-        return value
-
     def __getitem__(self, key: str) -> Any:
         return self.data[key]
+
+
+TIMING = re.compile(r"(?:^|_)(?:s|ms|seconds|minutes)$|per_s|speed|_over_|overhead")
+
+
+def without_timings(value: Any) -> Any:
+    """The value with every timing -- a field of seconds, a rate, a speed-up -- taken out."""
+    if isinstance(value, dict):
+        return {k: without_timings(v) for k, v in value.items() if not TIMING.search(str(k))}
+    if isinstance(value, list):
+        return [without_timings(v) for v in value]
+    return value
 
 
 def num(value: float, decimals: int = 2, sign: bool = False) -> str:
