@@ -27,10 +27,10 @@ def block(name: str) -> Callable[[Callable[..., str]], Callable[..., str]]:
     return register
 
 
-def caption(results: Results, what: str = "") -> str:
+def caption(results: Results) -> str:
     prov = results.provenance()
     shown = results.name if "/" in results.name else f"bench/results/{results.name}"
-    return f"{what}Measured on {prov.label}, {prov.date}: `{prov.command}` (`{shown}`)."
+    return f"Measured on {prov.label}, {prov.date}: `{prov.command}` (`{shown}`)."
 
 
 def verdict(diff: dict[str, Any] | None) -> str:
@@ -88,15 +88,13 @@ def first_command_table(*names: str) -> str:
 
 @block("ci-time")
 def ci_time(name: str) -> str:
-    """How long `.ci/run` took from a fresh clone (a text file: `key: value` lines on top)."""
+    """How long `.ci/run` took from a fresh clone: a text file whose first lines, up to the first
+    blank one, are `key: value` (command, commit, date, machine, versions, result); its log follows."""
     from bench.results_files import RESULTS, machine_label
     from extractive_qa import reading
 
-    fields = dict(
-        line.split(": ", 1)
-        for line in reading.read_text(RESULTS / name, reading.RECORD).splitlines()
-        if ": " in line
-    )
+    header = reading.read_text(RESULTS / name, reading.RECORD).split("\n\n", 1)[0]
+    fields = dict(line.split(": ", 1) for line in header.splitlines() if ": " in line)
     seconds = float(fields["result"].split("seconds=")[1])
     return f"{num(seconds / 60, 1)} min ({machine_label(fields['machine'])}, {fields['date']})"
 

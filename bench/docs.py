@@ -45,7 +45,7 @@ NOT_FIGURES = (
     ),
     ("a setting", r"\b(?:adam_beta2|beta2|warmup_ratio|lr) \d+\.\d+|\b10 % (?:linear )?warm-up"),
     ("slots x batch, a product of settings", r"\b\d+ x \d+"),
-    ("a scale: samples per step as a multiple of the reference", r"\b(?:1|2|4|8|16|32|64)x\b"),
+    ("a scale: samples per step as a multiple of the reference", r"(?:1|2|4|8|16|32|64)x\b"),
     ("a link's rate: tc's setting, or an assumed link", r"~?\d+ (?:Gbit/s|Mbit/s|GB/s)"),
     ("a timeout: torchrun's", r"\b30 s after (?:it forwards|forwarding)"),
     ("a requirement or a default limit", r"\b\d+ ?(?:GB|GiB) (?:of disk|by\s+default)"),
@@ -58,7 +58,8 @@ NOT_FIGURES = (
         r"(?:about )?7 (?:h|hours)\b|30 (?:min|minutes) on 16 K80s|than 80 % per-GPU|> 80 %|efficiency 0\.83",
     ),
 )
-EXEMPT = re.compile("|".join(f"(?:{pattern})" for _, pattern in NOT_FIGURES))
+# Each must start a number of its own: "3.1x" is not the scale "1x", "17 h" not the write-up's "7 h".
+EXEMPT = re.compile("|".join(rf"(?<![\d.,])(?:{pattern})" for _, pattern in NOT_FIGURES))
 
 
 def pages() -> list[Path]:

