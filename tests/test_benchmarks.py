@@ -182,7 +182,7 @@ def test_masks_report_pairs_fast_masks_with_torchs_and_borrows_the_baseline(tmp_
                  "train_seconds": 120.0} for s in (42, 43, 44) for p in ("fp32", "bf16")]  # fmt: skip
     (tmp_path / "masks.json").write_text(json.dumps({"config": "local.yaml", "rows": here}))
     (tmp_path / "base.json").write_text(
-        json.dumps({"config": "local.yaml", "machine": {"cpu": "Other CPU"}, "rows": baseline})
+        json.dumps({"config": "local.yaml", "cpu": {"cpu": "Other CPU"}, "rows": baseline})
     )
     out = _bench(
         "cpu_precision", "masks-report", "--json", str(tmp_path / "masks.json"),
