@@ -268,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
         result = study.load(path, {"config": CONFIG})
         measured = getattr(cpu_step, args.what)(args)
         result[args.what] = {**measured, "machine": cpu_description(), "date": time.strftime("%Y-%m-%d")}
+        for key, value in provenance("bench.cpu_precision", sys.argv[1:]).items():
+            result.setdefault(key, value)  # a study's file keeps its own; a new file gets this run's
         study.save(path, result)
         print(measured["table"])
         return 0

@@ -135,14 +135,18 @@ def run_parallel(
 ) -> None:
     """work(item, scratch directory, threads per run) -> one row, for every item, `jobs` at a time;
     each row is saved as it finishes. Failed runs are reported and end the study after the rest."""
+    import torch
+
     from bench.common import provenance
 
     lock = threading.Lock()
     threads = max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else None
-    # The file names where and at which commit its rows ran; each row its own machine, so that
-    # a study resumed on another machine says which rows ran where.
-    here = provenance("bench", [])
+    # The file names where and at which commit its rows ran, and each row its own machine (the
+    # GPU where the runs train on one), so that a study resumed elsewhere says which rows ran where.
+    here = provenance("bench", [], torch.device("cuda") if torch.cuda.is_available() else None)
     machines = {str(r["machine"]) for r in result["rows"] if "machine" in r} | {here["machine"]}
+    if result.get("machine") and any("machine" not in r for r in result["rows"]):
+        machines.add(str(result["machine"]))  # rows of before: the file's own machine
     result.update({k: here[k] for k in ("commit", "date", "versions")}, machine="; ".join(sorted(machines)))
     failures = []
     with tempfile.TemporaryDirectory(prefix="study-") as tmp, ThreadPoolExecutor(jobs) as pool:
