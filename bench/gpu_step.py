@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from bench.common import SEED, Loop, Rung, provenance, sync, window_sample
+from bench.results_files import num
 from extractive_qa.data.batching import Collator, FeatureBatchSampler
 
 # Kernel kinds, by substrings of the (lower-cased) kernel name, first match wins. Attention
@@ -216,7 +217,7 @@ def table(rows: list[dict[str, Any]]) -> str:
         line(
             f"  {kind}",
             [
-                f"{r['kernel_ms_per_step_by_kind'].get(kind, 0):.2f}"
+                f"{num(r['kernel_ms_per_step_by_kind'].get(kind, 0))}"
                 f" ({r['kernel_ms_per_step_by_kind'].get(kind, 0) / r['gpu_busy_ms_per_step']:.0%})"
                 for r in rows
             ],
