@@ -95,8 +95,10 @@ def ci_time(name: str) -> str:
 
     header = reading.read_text(RESULTS / name, reading.RECORD).split("\n\n", 1)[0]
     fields = dict(line.split(": ", 1) for line in header.splitlines() if ": " in line)
-    seconds = float(fields["result"].split("seconds=")[1])
-    return f"{num(seconds / 60, 1)} min ({machine_label(fields['machine'])}, {fields['date']})"
+    result = dict(part.split("=") for part in fields["result"].split())
+    failed = f", exit {result['rc']}: failed" if result["rc"] != "0" else ""
+    minutes = float(result["seconds"]) / 60
+    return f"{num(minutes, 1)} min ({machine_label(fields['machine'])}, {fields['date']}{failed})"
 
 
 @block("cpu-study")

@@ -291,3 +291,25 @@ def test_cluster_path_runs_local_yamls_own_length_or_the_batches_asked(tmp_path:
 def test_cluster_path_refuses_a_negative_batch_count_before_any_work() -> None:
     done = completed(["-m", "bench.cluster_path", "--batches", "-3"])
     assert done.returncode == 2 and "--batches -3" in done.stderr, done.stderr
+
+
+def test_ci_fresh_clone_keeps_each_suites_seconds_and_summary() -> None:
+    from bench.ci_fresh_clone import summaries
+
+    log = "\n".join(
+        [
+            "CI: both venvs ready after 90 s",
+            "compat: venv ready in 100 s",
+            "===== seconds per test file (setup + call + teardown) =====",
+            "   12.0  tests/test_a.py",
+            "3 passed, 1 skipped in 12.00s",
+            "compat: python 3.10.13 torch 2.3.1",
+            "===== seconds per test file (setup + call + teardown) =====",
+            "    5.0  tests/test_a.py",
+            "1 failed, 2 passed in 5.00s",
+            "CI: done in 200 s",
+        ]
+    )
+    main, compat = summaries(log).split("\n\n")
+    assert main.splitlines()[0].startswith("== main suite") and main.endswith("3 passed, 1 skipped in 12.00s")
+    assert "compat: venv ready in 100 s" in compat and compat.endswith("1 failed, 2 passed in 5.00s")
