@@ -49,7 +49,7 @@ def machine_label(machine: str) -> str:
     if "NVIDIA" in machine:
         return re.sub(r"\s*\(.*", "", machine)
     if NOT_RECORDED in machine:
-        return "2-core CPU VM, model not recorded"
+        return "a 2-core CPU VM (model not recorded)"
     if "EPYC" in machine:
         return "AMD EPYC (AVX512-BF16)"
     if "Xeon" in machine:
