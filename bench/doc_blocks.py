@@ -530,9 +530,13 @@ def k80_model() -> str:
 def multi_machine(path: str) -> str:
     results = Results(path)
     rows = []
-    for r in results["runs"]:
-        if "measured_over_model" not in r:
-            continue
+    links = ("10gbit", "1gbit", "100mbit")
+
+    def order(r: dict[str, Any]) -> tuple[bool, int, int]:
+        name = r["name"].split()
+        return (r["name"].endswith("fp16"), links.index(name[1]) if name[1] in links else 9, r["aggregation"])
+
+    for r in sorted((r for r in results["runs"] if "measured_over_model" in r), key=order):
         link = r["name"].split()[1] + (", fp16 compression" if r["name"].endswith("fp16") else "")
         rows.append(
             [
