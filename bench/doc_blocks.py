@@ -5,6 +5,11 @@ writes and checks them. Every table row names the machine and date of the file i
 from (`results_files.measured_on`), and verdict words ("no difference shown", "within the ±1.5
 rule") are computed here from the same numbers. The study modules' own reports render the
 studies, so a page shows what `python3 -m bench.NAME report` prints.
+
+One idea: a results file rendered as a page shows it. Every renderer is a few lines on the same
+helpers (`Results`, `caption`, `measured_on`, `num`, `table`, `verdict`); the sections follow the
+pages that call them -- the embedded default, the studies, speed, the README's table, the scaling
+model, one GPU -- so a page's blocks are read in one place.
 """
 
 from __future__ import annotations

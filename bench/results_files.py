@@ -46,17 +46,18 @@ class Provenance:
 
 
 def machine_label(machine: str) -> str:
+    """A GPU's name, or a CPU's maker and model with the bf16 units it has; a study whose rows ran
+    on several machines names each ("A; B")."""
+    if "; " in machine:
+        return "; ".join(dict.fromkeys(machine_label(part) for part in machine.split("; ")))
     if "NVIDIA" in machine:
         return re.sub(r"\s*\(.*", "", machine)
     if NOT_RECORDED in machine:
-        return "a 2-core CPU VM (model not recorded)"
-    if "EPYC" in machine:
-        return "AMD EPYC (AVX512-BF16)"
-    if "Xeon" in machine:
-        if "AMX" in machine:
-            return "Intel Xeon (AMX)"
-        return "Intel Xeon (no bf16 units)" if "none" in machine else "Intel Xeon"
-    return machine.split(",")[0]
+        return f"a {machine.split(',')[0]} (model not recorded)"
+    name = re.sub(r"\((?:R|TM)\)|\bProcessor\b|\bCPU\b", "", re.split(r" \(|,", machine)[0])
+    units = "AMX" if "AMX tiles" in machine else "AVX512-BF16" if "AVX512-BF16" in machine else ""
+    units = units or ("no bf16 units" if "bf16 units: none" in machine else "")
+    return " ".join(name.split()) + (f" ({units})" if units else "")
 
 
 def provenance_problems(record: dict[str, Any]) -> list[str]:
