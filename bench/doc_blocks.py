@@ -106,12 +106,6 @@ def ci_time(name: str) -> str:
     return f"{num(minutes, 1)} min ({machine_label(fields['machine'])}, {fields['date']}{failed})"
 
 
-@block("cpu-study")
-def cpu_study(name: str) -> str:
-    results = Results(name)
-    return f"{caption(results)}\n\n{cpu_precision.report(results.data)}"
-
-
 def study_diff(name: str, factor: str, first: str, second: str) -> dict[str, Any]:
     rows = cpu_precision.normalized(Results(name)["rows"])
     diff = study.paired(study.by_seed(rows, {factor: first}), study.by_seed(rows, {factor: second}))
@@ -145,40 +139,41 @@ def time_ratio(name: str, factor: str, first: str, second: str) -> str:
 # --- studies ------------------------------------------------------------------------------------
 
 
-@block("lr-scaling")
-def lr_scaling_report(name: str) -> str:
-    results = Results(name)
-    seeds = tuple(int(seed) for seed in lr_scaling.SEEDS.split(","))
-    return f"{caption(results)}\n\n{lr_scaling.report(results.data, None, seeds)}"
+def lr_report(data: dict[str, Any]) -> str:
+    return lr_scaling.report(data, None, tuple(int(seed) for seed in lr_scaling.SEEDS.split(",")))
 
 
-@block("batching")
-def batching_report(name: str) -> str:
-    results = Results(name)
-    return f"{caption(results)}\n\n{batching.report(results.data)}"
+def aggregation_report(data: dict[str, Any]) -> str:
+    from bench import aggregation_accuracy
 
-
-@block("squad2")
-def squad2_report(name: str) -> str:
-    results = Results(name)
-    return f"{caption(results)}\n\n{squad2.report(results.data)}"
-
-
-@block("squad2-recipes")
-def squad2_recipes(name: str) -> str:
-    results = Results(name)
-    return f"{caption(results)}\n\n{squad2.recipes_report(results['rows'])}"
-
-
-@block("aggregation-accuracy")
-def aggregation_accuracy(name: str) -> str:
-    from bench import aggregation_accuracy as module
-
-    results = Results(name)
-    rows = results["rows"]
+    rows = data["rows"]
     frequencies = sorted({r["aggregation_frequency"] for r in rows})
     optimizers = list(dict.fromkeys(r["optimizer"] for r in rows))
-    return f"{caption(results)}\n\n{module.table(rows, frequencies, optimizers)}"
+    return aggregation_accuracy.table(rows, frequencies, optimizers)
+
+
+# A study's block is its module's report of the file, under the file's caption.
+REPORTS: dict[str, Callable[[dict[str, Any]], str]] = {
+    "cpu-study": cpu_precision.report,
+    "lr-scaling": lr_report,
+    "batching": batching.report,
+    "squad2": squad2.report,
+    "squad2-recipes": lambda data: squad2.recipes_report(data["rows"]),
+    "aggregation-accuracy": aggregation_report,
+    "gpu-step": lambda data: gpu_step.table(data["rows"]),
+}
+
+
+def reported(report: Callable[[dict[str, Any]], str]) -> Callable[[str], str]:
+    def render(name: str) -> str:
+        results = Results(name)
+        return f"{caption(results)}\n\n{report(results.data)}"
+
+    return render
+
+
+for study_name, study_report in REPORTS.items():
+    BLOCKS[study_name] = reported(study_report)
 
 
 @block("aggregation")
@@ -304,10 +299,9 @@ def ladder(*names: str) -> str:
     rows = []
     for name in names:
         results = Results(name)
-        first = results["rows"][0]["sequences_per_s"]
-        for r in results["rows"]:
-            if "bare loop" in r["name"] or "trial via" in r["name"]:
-                continue
+        rungs_here = [r for r in results["rows"] if not is_harness(r)]
+        first = rungs_here[0]["sequences_per_s"]
+        for r in rungs_here:
             mfu = f", MFU {num(100 * r['mfu'], 1)} %" if r.get("mfu") else ""
             rows.append(
                 [
@@ -331,12 +325,6 @@ def harness(*names: str) -> str:
         overhead = results["harness_overhead"]  # as bench.throughput computed it
         rows.append([measured_on(results), num(trial, 1), num(bare, 1), num(overhead, 3)])
     return table(["machine, date", "trial, seq/s", "bare loop, seq/s", "harness overhead"], rows)
-
-
-@block("gpu-step")
-def gpu_step_table(name: str) -> str:
-    results = Results(name)
-    return f"{caption(results)}\n\n{gpu_step.table(results['rows'])}"
 
 
 @block("runtimes")
