@@ -16,7 +16,7 @@ import pytest
 from bench import docs, results_files
 from extractive_qa.files import ROOT
 
-EDITS = int(os.environ.get("DOCS_RANDOM_EDITS", "30"))  # per kind; each edit costs one check (~0.2 s)
+EDITS = int(os.environ.get("DOCS_RANDOM_EDITS", "20"))  # per kind; each edit costs one check (~0.2 s)
 
 
 @pytest.fixture
