@@ -83,7 +83,10 @@ def load(name: str) -> Any:
 
 def file_problems(path: Path) -> list[str]:
     """Why a results file's provenance is incomplete (its top level, or each of its rows)."""
-    data = reading.read_json(path, reading.RECORD)
+    return data_problems(reading.read_json(path, reading.RECORD))
+
+
+def data_problems(data: Any) -> list[str]:
     if not isinstance(data, dict):
         return ["not a JSON object"]
     if all(k in data for k in PROVENANCE):
@@ -100,7 +103,7 @@ class Results:
     def __init__(self, name: str) -> None:
         self.name = name
         data = load(name)
-        if problems := file_problems(path_of(name)):
+        if problems := data_problems(data):  # the bytes read once: the ones checked are the ones used
             raise NoProvenance(f"{path_of(name).relative_to(ROOT)}: {'; '.join(problems)}")
         # A time means nothing without its machine: a file whose CPU model is not on record hands
         # out no timings at all, so no block can show one.
