@@ -10,7 +10,9 @@ sentence. `--check` fails when:
   page was not rewritten), or a block's name is unknown;
 - a measured-looking number stands outside every block (a decimal, or a number with a unit of
   time, size, speed or ratio); what is not a measurement is in NOT_FIGURES, each with its reason;
-- a results file does not name its command, commit, date and machine (bench.results_files).
+- a results file does not name its command, commit, date and machine (bench.results_files);
+- a study's report kept in the docs (docs/*/report.md) is not the table of the report.json beside
+  it, or that JSON does not name its provenance.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import sys
 from pathlib import Path
 
 from bench import doc_blocks, results_files
-from extractive_qa import reading
+from extractive_qa import reading, scaling_report
 from extractive_qa.files import ROOT
 
 BLOCK = re.compile(r"<!-- generated: (?P<spec>[^>]*?) -->(?P<body>.*?)<!-- /generated -->", re.S)
@@ -64,6 +66,18 @@ EXEMPT = re.compile("|".join(rf"(?<![\d.,])(?:{pattern})" for _, pattern in NOT_
 
 def pages() -> list[Path]:
     return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def reports() -> list[Path]:
+    """The studies' own reports kept in the docs, each written from the report.json beside it."""
+    return sorted((ROOT / "docs").glob("*/report.md"))
+
+
+def report_text(report_md: Path) -> str:
+    data = results_files.load(str(report_md.with_name("report.json").relative_to(ROOT)))
+    if problems := results_files.data_problems(data):
+        raise results_files.NoProvenance("; ".join(problems))
+    return scaling_report.markdown(data)
 
 
 def render(spec: str) -> str:
@@ -118,6 +132,13 @@ def problems() -> list[str]:
     found = []
     for path in sorted((ROOT / "bench" / "results").glob("*.json")):
         found += [f"bench/results/{path.name}: {p}" for p in results_files.file_problems(path)]
+    for report in reports():
+        shown = report.relative_to(ROOT)
+        try:
+            if reading.read_text(report, reading.MODEL_FILE) != report_text(report):
+                found.append(f"{shown}: differs from the report.json beside it")
+        except Exception as err:  # noqa: BLE001 -- a missing or incomplete report.json, named
+            found.append(f"{shown}: {type(err).__name__}: {err}")
     for page in pages():
         shown = page.relative_to(ROOT)
         text = reading.read_text(page, reading.MODEL_FILE)
@@ -151,6 +172,11 @@ def main(argv: list[str] | None = None) -> int:
             if (new := rewritten(text)) != text:
                 page.write_text(new)
                 print(f"rewrote {page.relative_to(ROOT)}")
+        for report in reports():
+            text = reading.read_text(report, reading.MODEL_FILE)
+            if (new := report_text(report)) != text:
+                report.write_text(new)
+                print(f"rewrote {report.relative_to(ROOT)}")
     if found := problems():
         print("\n".join(found), file=sys.stderr)
         print(

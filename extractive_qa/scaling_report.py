@@ -180,10 +180,22 @@ def write_report(report: dict[str, Any], out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / name for name in REPORT_FILES]
     write_text_atomic(paths[0], json.dumps(report, indent=1))
+    write_text_atomic(paths[1], markdown(report))
+    plot(report, paths[2])
+    return paths
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """report.md: the table of report.json, so the two cannot say different things (a report kept
+    in the docs is checked against its JSON by `python3 -m bench.docs --check`)."""
     lines = [
         f"# Scaling study {report['study']}",
         "",
         f"Written {report['created']} by `scaling.py` from the runs' metric reports.",
+    ]
+    if report.get("machine"):  # a study that ran here knows its machine (bench.multi_machine)
+        lines += ["", f"Measured on {report['machine']}, {report['date']}: `{report['command']}`."]
+    lines += [
         "",
         "| run | state | slots | per-slot batch | aggregation | optimizer | train time | samples/s | "
         "speedup | efficiency | reported samples/s | padding | data wait | EM | F1 |",
@@ -204,9 +216,7 @@ def write_report(report: dict[str, Any], out: Path) -> list[Path]:
         lines += ["", "Notes:", ""] + [f"- {name}: {note}" for name, note in notes]
     lines += ["", "Definitions:", ""] + [f"- {k}: {v}" for k, v in report["definitions"].items()]
     lines += ["", "![speedup vs slots](report.png)"]
-    write_text_atomic(paths[1], "\n".join(lines) + "\n")
-    plot(report, paths[2])
-    return paths
+    return "\n".join(lines) + "\n"
 
 
 def plot(report: dict[str, Any], path: Path) -> None:

@@ -79,6 +79,24 @@ def test_a_timing_of_a_machine_not_recorded_is_refused(tree: Path) -> None:
     assert any("block 'value batching.json rows.0.train_seconds 1 s': KeyError" in p for p in docs.problems())
 
 
+def test_a_report_kept_in_the_docs_is_its_json_table(tree: Path) -> None:
+    report_md = tree / "docs" / "multi-machine" / "report.md"
+    report_json = report_md.with_name("report.json")
+    text, data = report_md.read_text(), json.loads(report_json.read_text())
+    figure = re.search(r"\| (\d+\.\d\d) \|", text)
+    assert figure and docs.problems() == []
+    report_md.write_text(text.replace(figure.group(), f"| {float(figure[1]) * 1.07:.2f} |", 1))
+    assert docs.problems() == ["docs/multi-machine/report.md: differs from the report.json beside it"]
+    report_md.write_text(text)
+    data["runs"][0]["samples_per_s"] *= 1.07
+    report_json.write_text(json.dumps(data))
+    assert docs.problems()[0] == "docs/multi-machine/report.md: differs from the report.json beside it"
+    del data["machine"]
+    report_json.write_text(json.dumps(data))
+    named = "docs/multi-machine/report.md: NoProvenance: no machine"
+    assert any(p.startswith(named) for p in docs.problems())
+
+
 def figures_in_blocks(root: Path) -> list[tuple[Path, int, str]]:
     """(page, offset, figure) for every decimal or signed number inside a generated block."""
     found = []
