@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from bench import batching, cpu_precision, gpu_step, lr_scaling, squad2, study
 from bench.results_files import Results, measured_on, num, table
+from extractive_qa import reading, scaling_report
+from extractive_qa.files import drawn_from
 
 BLOCKS: dict[str, Callable[..., str]] = {}
 
@@ -675,3 +678,27 @@ def memory_fits(name: str) -> str:
     head = ["model", "checkpointing", "activations per sample", *cards]
     prov = results.provenance()
     return f"Estimated from {prov.label}'s run ({prov.date}).\n\n{table(head, rows)}"
+
+
+# --- plots: X.png drawn from the results file X.json beside it, named in its metadata ---------------
+
+
+def draw_lr_scaling(source: Path, png: Path) -> None:
+    data = reading.read_bytes(source, reading.RECORD)
+    result = reading.parse_json(data, source)
+    result["rows"] = lr_scaling.with_epochs(result["rows"])
+    seeds = tuple(int(seed) for seed in lr_scaling.SEEDS.split(","))
+    lr_scaling.report(result, png, seeds, drawn_from(source.name, data))
+
+
+def draw_scaling_study(source: Path, png: Path) -> None:
+    """scaling.py's speedup plot, or the multi-machine study's efficiency against the link."""
+    from bench import multi_machine
+
+    data = reading.read_bytes(source, reading.RECORD)
+    report = reading.parse_json(data, source)
+    draw = multi_machine.plot_links if "link_delay" in report else scaling_report.plot
+    draw(report, png, drawn_from(source.name, data))
+
+
+PLOTS = ((r"^lr-scaling-[\w-]+\.png$", draw_lr_scaling), (r"^report\.png$", draw_scaling_study))

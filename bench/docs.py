@@ -12,7 +12,9 @@ sentence. `--check` fails when:
   time, size, speed or ratio); what is not a measurement is in NOT_FIGURES, each with its reason;
 - a results file does not name its command, commit, date and machine (bench.results_files);
 - a study's report kept in the docs (docs/*/report.md) is not the table of the report.json beside
-  it, or that JSON does not name its provenance.
+  it, or that JSON does not name its provenance;
+- a plot a page shows does not name, in its PNG metadata, the results file beside it that it was
+  drawn from with that file's SHA-256 as it is now (`--write` draws it again).
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ from pathlib import Path
 
 from bench import doc_blocks, results_files
 from extractive_qa import reading, scaling_report
-from extractive_qa.files import ROOT
+from extractive_qa.files import ROOT, drawn_from
 
+IMAGE = re.compile(r"!\[[^\]]*\]\((?P<target>[^)\s]+\.png)\)")
 BLOCK = re.compile(r"<!-- generated: (?P<spec>[^>]*?) -->(?P<body>.*?)<!-- /generated -->", re.S)
 
 UNIT = (
@@ -78,6 +81,45 @@ def report_text(report_md: Path) -> str:
     if problems := results_files.data_problems(data):
         raise results_files.NoProvenance("; ".join(problems))
     return scaling_report.markdown(data)
+
+
+def png_text(data: bytes) -> dict[str, str]:
+    """A PNG's tEXt entries (where matplotlib writes `savefig(metadata=...)`)."""
+    entries: dict[str, str] = {}
+    at = 8 if data.startswith(b"\x89PNG\r\n\x1a\n") else len(data)
+    while at + 8 <= len(data):
+        length, kind = int.from_bytes(data[at : at + 4], "big"), data[at + 4 : at + 8]
+        body = data[at + 8 : at + 8 + length]
+        if kind == b"tEXt" and b"\0" in body:
+            key, value = body.split(b"\0", 1)
+            entries[key.decode("latin-1")] = value.decode("latin-1")
+        if kind == b"IEND":
+            break
+        at += 12 + length
+    return entries
+
+
+def plot_problem(png: Path) -> str | None:
+    """Why a plot may not show the results file of its name beside it (X.png: X.json) as that file
+    is now; None when it does."""
+    data_file = png.with_suffix(".json")
+    if not png.is_file() or not data_file.is_file():
+        return f"or the {data_file.name} it is drawn from is missing"
+    data = reading.read_bytes(data_file, reading.RECORD)
+    source = png_text(reading.read_bytes(png, reading.MODEL_FILE)).get("Source")
+    if source != drawn_from(data_file.name, data)["Source"]:
+        return f"does not show {data_file.name} as it is now: run `python3 -m bench.docs --write`"
+    if problems := results_files.data_problems(reading.parse_json(data, data_file)):
+        return f"shows {data_file.name}, which has {'; '.join(problems)}"
+    return None
+
+
+def images(page: Path, text: str) -> list[tuple[int, Path]]:
+    """(line, file) of every PNG the page shows."""
+    return [
+        (text.count("\n", 0, m.start()) + 1, (page.parent / m["target"]).resolve())
+        for m in IMAGE.finditer(text)
+    ]
 
 
 def render(spec: str) -> str:
@@ -132,6 +174,11 @@ def problems() -> list[str]:
     found = []
     for path in sorted((ROOT / "bench" / "results").glob("*.json")):
         found += [f"bench/results/{path.name}: {p}" for p in results_files.file_problems(path)]
+    for page in [*pages(), *reports()]:
+        text = reading.read_text(page, reading.MODEL_FILE)
+        for line, png in images(page, text):
+            if problem := plot_problem(png):
+                found.append(f"{page.relative_to(ROOT)}:{line}: plot {png.relative_to(ROOT)} {problem}")
     for report in reports():
         shown = report.relative_to(ROOT)
         try:
@@ -177,6 +224,12 @@ def main(argv: list[str] | None = None) -> int:
             if (new := report_text(report)) != text:
                 report.write_text(new)
                 print(f"rewrote {report.relative_to(ROOT)}")
+        for page in [*pages(), *reports()]:
+            for _, png in images(page, reading.read_text(page, reading.MODEL_FILE)):
+                draw = next((d for pattern, d in doc_blocks.PLOTS if re.search(pattern, png.name)), None)
+                if draw and png.with_suffix(".json").is_file() and plot_problem(png):
+                    draw(png.with_suffix(".json"), png)
+                    print(f"drew {png.relative_to(ROOT)}")
     if found := problems():
         print("\n".join(found), file=sys.stderr)
         print(

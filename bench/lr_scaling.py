@@ -48,8 +48,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from extractive_qa import reading
 from extractive_qa.config import experiment, run_plan
 from extractive_qa.config.settings import Hyperparameters
+from extractive_qa.files import drawn_from
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -385,7 +387,9 @@ def goals(rows: list[dict[str, Any]], seeds: tuple[int, ...]) -> tuple[str, list
     return rule, lines
 
 
-def report(result: dict[str, Any], png: Path | None, seeds: tuple[int, ...]) -> str:
+def report(
+    result: dict[str, Any], png: Path | None, seeds: tuple[int, ...], source: dict[str, str] | None = None
+) -> str:
     rows, chosen_on = result["rows"], seeds[:3]
     if not rows:
         return "no runs yet"
@@ -439,13 +443,19 @@ def report(result: dict[str, Any], png: Path | None, seeds: tuple[int, ...]) -> 
             f"{study.fmt_diff(to8['diff'])}, to 4x {study.fmt_diff(to4['diff'])}"
         )
     if png:
-        plot(rows, ref, rule, oracle(rows, ref, rule, chosen_on), png, chosen_on)
+        plot(rows, ref, rule, oracle(rows, ref, rule, chosen_on), png, chosen_on, source or {})
         lines.append(f"\nplot: {png}")
     return "\n".join(lines)
 
 
 def plot(
-    rows: list[dict[str, Any]], ref: float, rule: str, best: dict[str, Any], png: Path, seeds: tuple[int, ...]
+    rows: list[dict[str, Any]],
+    ref: float,
+    rule: str,
+    best: dict[str, Any],
+    png: Path,
+    seeds: tuple[int, ...],
+    source: dict[str, str],
 ) -> None:
     import matplotlib
 
@@ -492,7 +502,7 @@ def plot(
     ax.legend(fontsize=8)
     fig.tight_layout()
     png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(png, dpi=110)
+    fig.savefig(png, dpi=110, metadata=source)  # names the results file it shows
 
 
 def main() -> int:
@@ -525,7 +535,8 @@ def main() -> int:
     if args.what == "run":
         result = run(args, result)
         study.save(args.json, result)
-    print(report(result, args.png, args.seeds))
+    source = drawn_from(args.json.name, reading.read_bytes(args.json, reading.RECORD)) if args.png else None
+    print(report(result, args.png, args.seeds, source))
     return 0
 
 

@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import provenance
-from extractive_qa import scaling_report, scaling_runs
+from extractive_qa import reading, scaling_report, scaling_runs
 from extractive_qa.config import experiment
 from extractive_qa.config.model_family import EMBEDDED_MODEL, resolve_pretrained
-from extractive_qa.files import ROOT
+from extractive_qa.files import ROOT, drawn_from
 from tests.support import det_cluster, det_netns
 
 PER_SLOT_BATCH = 8
@@ -109,7 +109,7 @@ def model_rate(r: float, agg: int, link: str, grad_bytes: float, n: int = 2) -> 
     return n * agg * PER_SLOT_BATCH / (agg * t_batch + t_comm)
 
 
-def plot_links(report: dict[str, Any], path: Path) -> None:
+def plot_links(report: dict[str, Any], path: Path, source: dict[str, str]) -> None:
     """Per-slot efficiency against link rate, measured and modelled, one colour per aggregation
     (replaces scaling.py's speedup-vs-slots plot, which cannot show the link)."""
     import matplotlib
@@ -144,7 +144,7 @@ def plot_links(report: dict[str, Any], path: Path) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, metadata=source)  # names the report.json it shows
     plt.close(fig)
 
 
@@ -207,7 +207,8 @@ def main() -> int:
     report["wall_minutes"] = round((time.time() - started) / 60, 1)
     report = {**provenance("bench.multi_machine", sys.argv[1:]), **report}
     scaling_report.write_report(report, args.out)
-    plot_links(report, args.out / "report.png")
+    data = reading.read_bytes(args.out / "report.json", reading.RECORD)
+    plot_links(report, args.out / "report.png", drawn_from("report.json", data))
     print(json.dumps({"runs": [{k: r.get(k) for k in ("name", "samples_per_s", "speedup", "efficiency",
                                                        "model_samples_per_s", "measured_over_model")}
                                for r in report["runs"]],

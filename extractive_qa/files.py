@@ -1,8 +1,10 @@
-"""Files the runs write: the repository root, atomic writes, per-file locks, modes, plain copies
-and a command's one line for a failed write. Where a command may write is output_rules'."""
+"""Files the runs write: the repository root, atomic writes, per-file locks, modes, plain copies,
+the source a plot names and a command's one line for a failed write. Where a command may write is
+output_rules'."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 import tempfile
@@ -50,6 +52,12 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def drawn_from(name: str, data: bytes) -> dict[str, str]:
+    """A plot's PNG metadata: the results file it was drawn from (kept beside it) and that file's
+    SHA-256, so a check can tell a plot that no longer shows its file (bench.docs)."""
+    return {"Source": f"{name} sha256:{hashlib.sha256(data).hexdigest()}"}
 
 
 def command_error(err: Exception, output: object) -> int:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from extractive_qa.errors import ScalingError
-from extractive_qa.files import write_bytes_atomic, write_text_atomic
+from extractive_qa.files import drawn_from, write_bytes_atomic, write_text_atomic
 from extractive_qa.output_rules import check_new_directory, check_output_dir, check_outputs
 from extractive_qa.scaling_runs import RunInputs
 
@@ -179,9 +179,10 @@ def check_report_outputs(command: str, out: Path, config: Path | None) -> None:
 def write_report(report: dict[str, Any], out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / name for name in REPORT_FILES]
-    write_text_atomic(paths[0], json.dumps(report, indent=1))
+    data = json.dumps(report, indent=1)
+    write_text_atomic(paths[0], data)
     write_text_atomic(paths[1], markdown(report))
-    plot(report, paths[2])
+    plot(report, paths[2], drawn_from(paths[0].name, data.encode()))
     return paths
 
 
@@ -219,7 +220,7 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(report: dict[str, Any], path: Path) -> None:
+def plot(report: dict[str, Any], path: Path, source: dict[str, str]) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -243,6 +244,6 @@ def plot(report: dict[str, Any], path: Path) -> None:
     ax.legend()
     fig.tight_layout()
     image = io.BytesIO()
-    fig.savefig(image, format="png", dpi=120)
+    fig.savefig(image, format="png", dpi=120, metadata=source)
     write_bytes_atomic(path, image.getvalue())  # replaced whole, never written through a link
     plt.close(fig)

@@ -90,11 +90,25 @@ def test_a_report_kept_in_the_docs_is_its_json_table(tree: Path) -> None:
     report_md.write_text(text)
     data["runs"][0]["samples_per_s"] *= 1.07
     report_json.write_text(json.dumps(data))
-    assert docs.problems()[0] == "docs/multi-machine/report.md: differs from the report.json beside it"
+    assert "docs/multi-machine/report.md: differs from the report.json beside it" in docs.problems()
     del data["machine"]
     report_json.write_text(json.dumps(data))
     named = "docs/multi-machine/report.md: NoProvenance: no machine"
     assert any(p.startswith(named) for p in docs.problems())
+
+
+def test_a_plot_that_no_longer_shows_its_results_file_is_named(tree: Path) -> None:
+    """A plot names the file it was drawn from, with its SHA-256, in its PNG metadata."""
+    report_json = tree / "docs" / "multi-machine" / "report.json"
+    data = json.loads(report_json.read_text())
+    data["runs"][-1]["efficiency"] *= 1.07
+    report_json.write_text(json.dumps(data, indent=1))
+    stale = "plot docs/multi-machine/report.png does not show report.json as it is now"
+    assert any(p.startswith("docs/scaling.md:") and stale in p for p in docs.problems())
+    png = tree / "bench" / "results" / "lr-scaling-cpu.png"
+    png.write_bytes(png.read_bytes().replace(b"sha256:", b"sha256:0", 1))  # a stamp of other bytes
+    assert any("plot bench/results/lr-scaling-cpu.png does not show" in p for p in docs.problems())
+    assert docs.png_text(png.read_bytes())["Source"].startswith("lr-scaling-cpu.json sha256:0")
 
 
 def figures_in_blocks(root: Path) -> list[tuple[Path, int, str]]:

@@ -15,8 +15,10 @@ import pytest
 import yaml
 
 import scaling
+from bench.docs import png_text
 from extractive_qa import scaling_runs
 from extractive_qa.config import experiment
+from extractive_qa.files import drawn_from
 from extractive_qa.trial.optimizer_recipes import OPTIMIZER_RECIPES
 from tests.support.project import ROOT, tiny_config, write_yaml
 
@@ -151,6 +153,11 @@ def test_report_from_recorded_series_speedup_efficiency_and_failures(tmp_path: P
     )
     assert paths[2].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert json.loads(paths[0].read_text())["study"] == "rec"
+    # the plot names the report.json it shows, so a check can tell when it no longer does
+    assert (
+        png_text(paths[2].read_bytes())["Source"]
+        == drawn_from("report.json", paths[0].read_bytes())["Source"]
+    )
 
 
 def test_study_without_finished_runs_is_an_error() -> None:
