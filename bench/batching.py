@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import sys
 import time
 from itertools import combinations
@@ -42,11 +41,12 @@ from extractive_qa.config.settings import WindowSpec
 from extractive_qa.data import squad_files
 from extractive_qa.data.batching import Collator, FeatureBatchSampler
 from extractive_qa.data.features import Features, build_features, load_tokenizer
+from extractive_qa.qa import mixed_precision
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from bench import study
-from bench.common import SQUAD_V11_WINDOWS
+from bench.common import SQUAD_V11_WINDOWS, machine_text
 from bench.study import ROOT
 
 ARMS = {  # name -> (batching, pad_to_multiple_of)
@@ -164,6 +164,9 @@ def speed(args: argparse.Namespace, result: dict[str, Any]) -> None:
     plan, features, _ = local_setup()
     device = torch.device(args.device)
     model_path = resolve_pretrained(plan.data.pretrained_model)
+    # The precision and dropout masks the study's runs train with (local.yaml's `auto`: bf16 on a
+    # CPU with bf16 units), so the speed is the one of the runs in the table.
+    precision = mixed_precision.resolve_precision(plan.hparams.precision, device.type)[0]
     batches_by_arm = {}
     for arm, (batching, multiple) in ARMS.items():
         s = sampler(features.lengths, plan.hparams.global_batch_size, arm, args.seeds[0])
@@ -173,7 +176,10 @@ def speed(args: argparse.Namespace, result: dict[str, Any]) -> None:
     for _ in range(args.rounds):  # interleaved, best of the rounds: drift hits every arm alike
         for arm, (batching, multiple) in ARMS.items():
             batches = batches_by_arm[arm]
-            rung = Rung(arm, batching, multiple, plan.hparams.attn_implementation, "trial", "fp32", "", True)
+            rung = Rung(
+                arm, batching, multiple, plan.hparams.attn_implementation, "trial", precision,
+                tf32=True, masks=plan.hparams.dropout_masks,
+            )  # fmt: skip
             loop = Loop(model_path, rung, plan.hparams, len(batches), device)
             seconds[arm].append(time_loop(loop, batches, args.warmup)[0])
             print(arm, f"{seconds[arm][-1]:.1f} s", flush=True)
@@ -188,9 +194,9 @@ def speed(args: argparse.Namespace, result: dict[str, Any]) -> None:
         }
     for row in rows.values():
         row["vs_padded"] = round(row["samples_per_s"] / rows["padded"]["samples_per_s"], 3)
-    machine = torch.cuda.get_device_name() if device.type == "cuda" else f"{platform.machine()} CPU"
-    result.setdefault("speed", {})[machine] = {
+    result.setdefault("speed", {})[machine_text(device)] = {
         "date": time.strftime("%Y-%m-%d"),
+        "precision": precision,
         "threads": torch.get_num_threads(),
         "batches": args.batches,
         "rounds": args.rounds,
