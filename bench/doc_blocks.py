@@ -14,6 +14,7 @@ model, one GPU -- so a page's blocks are read in one place.
 
 from __future__ import annotations
 
+import functools
 import statistics
 from collections.abc import Callable
 from pathlib import Path
@@ -21,8 +22,9 @@ from typing import Any
 
 from bench import batching, cpu_precision, gpu_step, lr_scaling, squad2, study
 from bench.results_files import Results, measured_on, num, table
-from extractive_qa import reading, scaling_report
-from extractive_qa.files import drawn_from
+from extractive_qa import dry_run, reading, scaling_report
+from extractive_qa.config import experiment
+from extractive_qa.files import ROOT, drawn_from
 
 BLOCKS: dict[str, Callable[..., str]] = {}
 
@@ -490,9 +492,27 @@ def value(name: str, key: str, decimals: str, unit: str = "") -> str:
     figure = results.data
     for part in key.split("."):
         figure = figure[int(part)] if isinstance(figure, list) else figure[part]
-    if unit in ("s", "ms", "min"):
-        figure = figure
     return f"{num(figure, int(decimals))}{' ' + unit if unit else ''} ({measured_on(results)})"
+
+
+# --- what a YAML resolves to ---------------------------------------------------------------------
+
+
+@functools.cache
+def planned(config: str, overrides: tuple[str, ...]) -> dict[str, Any]:
+    """train.py --dry-run's plan of a shipped YAML (as a master hands it), once per process."""
+    return dry_run.dry_run(experiment.RunOptions(config=ROOT / config, overrides=overrides))
+
+
+@block("dry-run")
+def dry_run_value(config: str, field: str, *overrides: str) -> str:
+    """A value the dry run derives from a YAML (the resolved learning rate, the optimizer steps),
+    so a page's table of the YAMLs changes with them: `dry-run local.yaml learning_rate KEY=VALUE`."""
+    value = planned(config, overrides)[field]
+    if field == "learning_rate":  # as YAMLs write rates: 3.06e-5, 2e-4
+        mantissa, exponent = f"{value:.2e}".split("e")
+        return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
+    return f"{value:,}" if isinstance(value, int) else str(value)
 
 
 # --- the scaling model ------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from bench import docs, results_files
+from bench import doc_blocks, docs, results_files
 from extractive_qa.files import ROOT
 
 EDITS = int(os.environ.get("DOCS_RANDOM_EDITS", "20"))  # per kind; each edit costs one check (~0.2 s)
@@ -109,6 +109,23 @@ def test_a_plot_that_no_longer_shows_its_results_file_is_named(tree: Path) -> No
     png.write_bytes(png.read_bytes().replace(b"sha256:", b"sha256:0", 1))  # a stamp of other bytes
     assert any("plot bench/results/lr-scaling-cpu.png does not show" in p for p in docs.problems())
     assert docs.png_text(png.read_bytes())["Source"].startswith("lr-scaling-cpu.json sha256:0")
+
+
+def test_a_yaml_table_follows_the_yamls(tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The resolved learning rates and optimizer steps quoted for the shipped YAMLs are their dry
+    run's: a YAML changed without its pages is named."""
+    assert docs.problems() == []
+    shutil.copy2(ROOT / "const.yaml", tree / "const.yaml")
+    conf = tree / "const.yaml"
+    conf.write_text(conf.read_text().replace("global_batch_size: 12", "global_batch_size: 16", 1))
+    monkeypatch.setattr(doc_blocks, "ROOT", tree)
+    doc_blocks.planned.cache_clear()
+    try:
+        named = docs.problems()
+    finally:
+        doc_blocks.planned.cache_clear()
+    for block in ("dry-run const.yaml learning_rate", "dry-run const.yaml optimizer_steps"):
+        assert any(p.startswith("README.md:") and f"block '{block}' differs" in p for p in named), block
 
 
 def figures_in_blocks(root: Path) -> list[tuple[Path, int, str]]:
