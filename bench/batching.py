@@ -41,7 +41,6 @@ from extractive_qa.config.settings import WindowSpec
 from extractive_qa.data import squad_files
 from extractive_qa.data.batching import Collator, FeatureBatchSampler
 from extractive_qa.data.features import Features, build_features, load_tokenizer
-from extractive_qa.qa import mixed_precision
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -164,9 +163,6 @@ def speed(args: argparse.Namespace, result: dict[str, Any]) -> None:
     plan, features, _ = local_setup()
     device = torch.device(args.device)
     model_path = resolve_pretrained(plan.data.pretrained_model)
-    # The precision and dropout masks the study's runs train with (local.yaml's `auto`: bf16 on a
-    # CPU with bf16 units), so the speed is the one of the runs in the table.
-    precision = mixed_precision.resolve_precision(plan.hparams.precision, device.type)[0]
     batches_by_arm = {}
     for arm, (batching, multiple) in ARMS.items():
         s = sampler(features.lengths, plan.hparams.global_batch_size, arm, args.seeds[0])
@@ -176,10 +172,9 @@ def speed(args: argparse.Namespace, result: dict[str, Any]) -> None:
     for _ in range(args.rounds):  # interleaved, best of the rounds: drift hits every arm alike
         for arm, (batching, multiple) in ARMS.items():
             batches = batches_by_arm[arm]
-            rung = Rung(
-                arm, batching, multiple, plan.hparams.attn_implementation, "trial", precision,
-                tf32=True, masks=plan.hparams.dropout_masks,
-            )  # fmt: skip
+            # the arithmetic the study's runs train in (study.FP32, study.TORCH_MASKS)
+            attention = plan.hparams.attn_implementation
+            rung = Rung(arm, batching, multiple, attention, "trial", "fp32", masks="torch")
             loop = Loop(model_path, rung, plan.hparams, len(batches), device)
             seconds[arm].append(time_loop(loop, batches, args.warmup)[0])
             print(arm, f"{seconds[arm][-1]:.1f} s", flush=True)
@@ -196,7 +191,7 @@ def speed(args: argparse.Namespace, result: dict[str, Any]) -> None:
         row["vs_padded"] = round(row["samples_per_s"] / rows["padded"]["samples_per_s"], 3)
     result.setdefault("speed", {})[machine_text(device)] = {
         "date": time.strftime("%Y-%m-%d"),
-        "precision": precision,
+        "precision": "fp32, torch's dropout masks",
         "threads": torch.get_num_threads(),
         "batches": args.batches,
         "rounds": args.rounds,
@@ -211,6 +206,8 @@ def train(args: argparse.Namespace, result: dict[str, Any]) -> dict[str, Any]:
             cell(arm),
             seed,
             (
+                study.FP32,
+                study.TORCH_MASKS,
                 f"hyperparameters.batching={ARMS[arm][0]}",
                 f"hyperparameters.pad_to_multiple_of={ARMS[arm][1]}",
             ),

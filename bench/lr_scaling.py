@@ -137,6 +137,8 @@ def runs(cells: list[dict[str, Any]], seeds: tuple[int, ...]) -> list[study.Run]
     out = []
     for c in cells:
         overrides = (
+            study.FP32,
+            study.TORCH_MASKS,
             f"hyperparameters.global_batch_size={MICRO_BATCH}",
             f"optimizations.aggregation_frequency={c['aggregation_frequency']}",
             f"hyperparameters.optimizer={c['optimizer']}",

@@ -51,10 +51,10 @@ DATA = ROOT / "squad_data"
 CONFIG = "local_v2.yaml"
 TUNE = DATA / "local-tune-v2.0.json"
 EVALUATE = DATA / "local-dev-v2.0.json"
-FP32, BF16 = "hyperparameters.precision=fp32", "hyperparameters.precision=bf16"
+FP32, BF16 = study.FP32, "hyperparameters.precision=bf16"
 # Every run draws torch's dropout masks: the study's rows were measured with them, and a seed
 # pairs only with a run of the same masks (the fast masks are another random stream).
-MASKS = "hyperparameters.dropout_masks=torch"
+MASKS = study.TORCH_MASKS
 MODELS = {
     "v2": (FP32, MASKS),
     "v1.1-style": ("data.train_file=squad_data/local-train-v2.0-answerable.json", FP32, MASKS),

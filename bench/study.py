@@ -28,6 +28,13 @@ from typing import Any
 from extractive_qa.files import ROOT
 from tests.support.cli_result import last_json
 
+# What a study's runs train in unless its cells vary it: fp32 with torch's own dropout masks, not
+# the YAML's `precision: auto` and fast masks, which differ by CPU. In it a run does not depend on
+# the CPU it ran on (rows re-run on another x86 CPU reproduced their EM and F1 exactly), so the rows
+# of one study measured on several machines pair up seed by seed.
+FP32 = "hyperparameters.precision=fp32"
+TORCH_MASKS = "hyperparameters.dropout_masks=torch"
+
 # Two-sided 95 % Student t quantiles by degrees of freedom (1..30); beyond that ~1.96.
 T975 = [
     12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
