@@ -20,10 +20,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import batching, cpu_precision, gpu_step, lr_scaling, squad2, study
+from bench import batching, cpu_precision, flops, gpu_step, lr_scaling, squad2, study
 from bench.results_files import Results, measured_on, num, table
 from extractive_qa import dry_run, reading, scaling_report
-from extractive_qa.config import experiment
+from extractive_qa.config import experiment, run_plan
+from extractive_qa.config.settings import Hyperparameters
 from extractive_qa.files import ROOT, drawn_from
 
 BLOCKS: dict[str, Callable[..., str]] = {}
@@ -509,10 +510,37 @@ def dry_run_value(config: str, field: str, *overrides: str) -> str:
     """A value the dry run derives from a YAML (the resolved learning rate, the optimizer steps),
     so a page's table of the YAMLs changes with them: `dry-run local.yaml learning_rate KEY=VALUE`."""
     value = planned(config, overrides)[field]
-    if field == "learning_rate":  # as YAMLs write rates: 3.06e-5, 2e-4
-        mantissa, exponent = f"{value:.2e}".split("e")
-        return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
+    if field == "learning_rate":
+        return exponent_text(value)
     return f"{value:,}" if isinstance(value, int) else str(value)
+
+
+def exponent_text(value: float) -> str:
+    """A value as YAMLs write learning rates, 3 significant digits at most: 3.06e-5, 2e-4."""
+    mantissa, exponent = f"{value:.2e}".split("e")
+    return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
+
+
+@block("lr-rule")
+def lr_rule(learning_rate: str, reference_batch: str, samples_per_step: str, rule: str) -> str:
+    """The learning rate the trial's rule (run_plan.resolved_learning_rate) gives a rate set at
+    `reference_batch` samples per step when a step takes `samples_per_step`."""
+    hp = Hyperparameters(
+        learning_rate=float(learning_rate), lr_scaling=rule, reference_batch_size=int(reference_batch)
+    )
+    return exponent_text(run_plan.resolved_learning_rate(hp, int(samples_per_step)))
+
+
+@block("training-flops")
+def training_flops_text(width: str) -> str:
+    """bench/flops.training_flops of one bert-base window (transformers' BertConfig defaults are
+    bert-base's shape) of `width` tokens."""
+    import torch
+    from transformers import AutoModelForQuestionAnswering, BertConfig
+
+    with torch.device("meta"):
+        model = AutoModelForQuestionAnswering.from_config(BertConfig())
+    return exponent_text(flops.training_flops(model, 1, int(width)))
 
 
 # --- the scaling model ------------------------------------------------------------------------

@@ -38,7 +38,7 @@ UNIT = (
 )
 FIGURE = re.compile(
     rf"(?<![\w.\-/])[-+±]?\d[\d,]*(?:\.\d+)?\s?{UNIT}(?![\w/])"  # a number with a unit
-    r"|(?<![\w.\-/])[-+±]?\d+\.\d+(?![\w.])"  # a decimal
+    r"|(?<![\w.\-/])[-+±]?\d+\.\d+(?:e[-+]?\d+)?(?!\w|\.\d)"  # a decimal, 2.5 or 1.73e-4 (not 2.13.0)
 )
 # What looks like a figure and is not a measurement, each with its reason.
 NOT_FIGURES = (
