@@ -29,7 +29,7 @@ from bench import doc_blocks, results_files
 from extractive_qa import reading, scaling_report
 from extractive_qa.files import ROOT, drawn_from
 
-IMAGE = re.compile(r"!\[[^\]]*\]\((?P<target>[^)\s]+\.png)\)")
+IMAGE = re.compile(r"!\[[^\]]*\]\((?P<target>(?![a-z]+://)[^)\s]+\.png)\)")  # the project's own plots
 BLOCK = re.compile(r"<!-- generated: (?P<spec>[^>]*?) -->(?P<body>.*?)<!-- /generated -->", re.S)
 
 UNIT = (
