@@ -422,7 +422,7 @@ def batching_row() -> list[str]:
 
 
 def squad2_row() -> list[str]:
-    results = Results("squad2-cpu.json")
+    results = Results("squad2-epyc.json")
     rows = results["rows"]
     seeds = squad2.shared_seeds(rows, "v2", "v1.1-style")
     f1 = ("at_zero", "f1")
