@@ -56,6 +56,10 @@ ARMS = {  # name -> (batching, pad_to_multiple_of)
     "buckets/32": ("buckets", 32),
 }
 BASELINE = "random/8"  # what the F1 of the others is compared with: unbiased random batches
+# A batching becomes the default only if its paired F1 is within DEFAULT_F1 of random batches
+# (the mean difference) and it trains at least DEFAULT_SPEEDUP times as fast as padding to
+# max_seq_length, the standard recipe it has to beat.
+DEFAULT_F1, DEFAULT_SPEEDUP = 1.0, 2.5
 SEEDS = "42,43,44,45,46"
 
 
@@ -146,6 +150,7 @@ def stats(args: argparse.Namespace, result: dict[str, Any]) -> None:
         }
         print(arm, rows[arm], flush=True)
     result["stats"] = {
+        "command": args.command,
         "windows": len(features),
         "global_batch_size": batch,
         "max_seq_length": max_len,
@@ -190,6 +195,7 @@ def speed(args: argparse.Namespace, result: dict[str, Any]) -> None:
     for row in rows.values():
         row["vs_padded"] = round(row["samples_per_s"] / rows["padded"]["samples_per_s"], 3)
     result.setdefault("speed", {})[machine_text(device)] = {
+        "command": args.command,
         "date": time.strftime("%Y-%m-%d"),
         "precision": "fp32, torch's dropout masks",
         "threads": torch.get_num_threads(),
@@ -241,7 +247,33 @@ def report(result: dict[str, Any]) -> str:
             f"{pct('padding_share')} | {pct('repeat_share')} | {pct('same_paragraph', 2)} | "
             f"{pct('full_size_repeat_share', 2)} |" + "".join(f" {c} |" for c in speed_cells)
         )
+    for machine, measured in speeds.items():
+        lines += ["", *default_rule(rows, measured["arms"], machine)]
     return "\n".join(lines)
+
+
+def default_rule(rows: list[dict[str, Any]], speed: dict[str, dict[str, Any]], machine: str) -> list[str]:
+    """Each arm against the rule for a new default, with the speed measured on `machine`."""
+    out = [
+        f"The rule for a new default (paired F1 mean within {DEFAULT_F1:g} of {BASELINE}, and at least "
+        f"{DEFAULT_SPEEDUP:g}x padded's samples/s on {machine}):"
+    ]
+    for arm in ARMS:
+        s = study.summary(rows, cell(arm), cell(BASELINE))
+        if arm not in speed or (arm != BASELINE and not (s and s["diff"])):
+            continue
+        diff = 0.0 if arm == BASELINE else s["diff"]["mean"]
+        close, fast = abs(diff) <= DEFAULT_F1, speed[arm]["vs_padded"] >= DEFAULT_SPEEDUP
+        f1_text = f"F1 {diff:+.2f} ({'within' if close else 'outside'})"
+        if arm == BASELINE:
+            f1_text = "the baseline"
+        out.append(
+            f"- {'PASS' if close and fast else 'FAIL'} {arm}: {f1_text}, "
+            f"{speed[arm]['vs_padded']:.2f}x padded ({'fast enough' if fast else 'too slow'})"
+        )
+    fastest = max(speed, key=lambda arm: speed[arm]["samples_per_s"])
+    out.append(f"- fastest arm: {fastest}")
+    return out
 
 
 def main() -> int:
@@ -269,12 +301,14 @@ def main() -> int:
     if min(args.jobs, args.batches, args.rounds) < 1 or args.warmup < 0:
         parser.error("--jobs, --batches and --rounds must be >= 1, --warmup >= 0")
     result = study.load(args.json, {"config": args.config, "baseline": BASELINE})
-    result["command"] = " ".join(["python3", "-m", "bench.batching", *sys.argv[1:]])
+    # The file's command is the one that trained its rows; stats and speed name their own.
+    args.command = " ".join(["python3", "-m", "bench.batching", *sys.argv[1:]])
     if args.what == "stats":
         stats(args, result)
     elif args.what == "speed":
         speed(args, result)
     elif args.what == "train":
+        result["command"] = args.command
         result = train(args, result)
     study.save(args.json, result)
     print(report(result))

@@ -89,6 +89,34 @@ def test_batching_stats_and_report(tmp_path: Path) -> None:
         > stats["sorted/8"]["padding_share"]
     )
     assert "| buckets/64 | 3 | 50.50 ± 1.00 | 42.50 ± 1.00 | -0.50 [-0.50, -0.50] |" in out
+    assert json.loads(path.read_text())["stats"]["command"].startswith("python3 -m bench.batching stats")
+
+
+def test_batching_report_applies_the_default_rule_to_each_machine_speed(tmp_path: Path) -> None:
+    """The verdict of the rule for a new default (paired F1 mean within 1 of random batches, at
+    least 2.5x padded's speed) is written by the report from the file, per timed machine."""
+    path = tmp_path / "batching.json"
+    rows = [
+        {"batching": b, "pad_to_multiple_of": m, "seed": s, "f1": 50.0 + s + d, "exact_match": 40.0}
+        for (b, m, d) in (("random", 8, 0.0), ("buckets", 64, -0.5), ("sorted", 8, -1.5))
+        for s in (42, 43, 44)
+    ]
+    ratios = {"padded": 1.0, "random/8": 1.1, "buckets/64": 2.6, "sorted/8": 3.0}
+    arms = {arm: {"samples_per_s": 3.0 * r, "vs_padded": r} for arm, r in ratios.items()}
+    speed = {
+        "CPU A": {"arms": arms},
+        "CPU B": {"arms": {**arms, "buckets/64": {"samples_per_s": 7.0, "vs_padded": 2.4}}},
+    }
+    path.write_text(
+        json.dumps({"config": "local.yaml", "baseline": "random/8", "rows": rows, "speed": speed})
+    )
+    out = _bench("batching.py", "report", "--json", str(path))
+    a, b = out.split("on CPU A):")[1].split("on CPU B):")
+    assert "- PASS buckets/64: F1 -0.50 (within), 2.60x padded (fast enough)" in a
+    assert "- FAIL sorted/8: F1 -1.50 (outside), 3.00x padded (fast enough)" in a
+    assert "- FAIL random/8: the baseline, 1.10x padded (too slow)" in a and "- fastest arm: sorted/8" in a
+    assert "- FAIL buckets/64: F1 -0.50 (within), 2.40x padded (too slow)" in b
+    assert "- FAIL padded:" not in a  # an arm without paired rows gets no verdict
 
 
 def test_cpu_precision_report_pairs_seeds_and_applies_the_f1_rule(tmp_path: Path) -> None:
