@@ -228,7 +228,7 @@ def report(result: dict[str, Any]) -> str:
     rows, stats_ = result["rows"], (result.get("stats") or {}).get("arms", {})
     speeds = result.get("speed") or {}
     head = ["batching", "runs", "F1 mean ± std", "EM mean ± std", f"F1 - {BASELINE}, paired [95 % CI]"]
-    head += ["padding", "repeat e0→e1", "same paragraph", "full-size repeat"]
+    head += ["padding", "full-size padding", "repeat e0→e1", "same paragraph", "full-size repeat"]
     head += [f"samples/s, {m}" for m in speeds]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for arm in ARMS:
@@ -244,7 +244,8 @@ def report(result: dict[str, Any]) -> str:
             speed_cells.append(f"{a['samples_per_s']:.1f} ({a['vs_padded']:.2f}x)" if a else "-")
         lines.append(
             f"| {arm} | {study.fmt_summary(s)} | {study.fmt_diff(s and s['diff'])} | "
-            f"{pct('padding_share')} | {pct('repeat_share')} | {pct('same_paragraph', 2)} | "
+            f"{pct('padding_share')} | {pct('full_size_padding_share')} | {pct('repeat_share')} | "
+            f"{pct('same_paragraph', 2)} | "
             f"{pct('full_size_repeat_share', 2)} |" + "".join(f" {c} |" for c in speed_cells)
         )
     for machine, measured in speeds.items():

@@ -410,7 +410,7 @@ def lr_row() -> list[str]:
 
 
 def batching_row() -> list[str]:
-    results = Results("batching.json")
+    results = Results("batching-epyc.json")
     rows = results["rows"]
     s = study.summary(rows, batching.cell("sorted/8"), batching.cell("padded"))
     return [

@@ -75,9 +75,9 @@ def test_a_timing_of_a_machine_not_recorded_is_refused(tree: Path) -> None:
     readme = tree / "README.md"
     readme.write_text(
         readme.read_text()
-        + "\n<!-- generated: value batching.json rows.0.train_seconds 1 s -->x<!-- /generated -->\n"
+        + "\n<!-- generated: value lr-scaling-cpu.json rows.0.train_seconds 1 s -->x<!-- /generated -->\n"
     )
-    assert any("block 'value batching.json rows.0.train_seconds 1 s': KeyError" in p for p in docs.problems())
+    assert any("block 'value lr-scaling-cpu.json rows.0.train_seconds 1 s': KeyError" in p for p in docs.problems())
 
 
 def test_a_report_kept_in_the_docs_is_its_json_table(tree: Path) -> None:
