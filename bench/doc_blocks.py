@@ -264,7 +264,7 @@ def data_speed() -> str:
             measured_on(full),
         ],
         [
-            f"checking a cache entry on open, {cache['windows']:,} windows, "
+            f"reading a cache entry, checked as it is read, {cache['windows']:,} windows, "
             f"{num(cache['bytes'] / 1e6, 0)} MB",
             f"{num(cache['warm_check_s'], 3)} s from the page cache, {num(cache['cold_check_s'], 3)} s cold",
             measured_on(cache),

@@ -147,7 +147,7 @@ class WindowCount:
 
 def count_training_windows(data: DataSettings, root: Path) -> WindowCount:
     """The training windows the run will train on, and how that number was obtained."""
-    from extractive_qa.data.feature_cache import cache_damage, features_fingerprint, load_features
+    from extractive_qa.data.feature_cache import CacheDamage, features_fingerprint, read_entry
     from extractive_qa.data.features import build_features, load_tokenizer
     from extractive_qa.data.squad_files import (
         OFFICIAL_SHA256,
@@ -186,8 +186,11 @@ def count_training_windows(data: DataSettings, root: Path) -> WindowCount:
         cache_dir = root / cache_dir
     fingerprint = features_fingerprint(squad, data.pretrained_model, tokenizer, spec, "train")
     cached = cache_dir / f"train-{fingerprint}"
-    if cached.is_dir() and cache_damage(cached) is None:
-        return WindowCount(len(load_features(cached)), "feature cache", str(cached), len(squad.examples))
+    if cached.is_dir():
+        try:
+            return WindowCount(len(read_entry(cached)), "feature cache", str(cached), len(squad.examples))
+        except CacheDamage:
+            pass  # the run rebuilds it; count the windows here as it will
     started = time.perf_counter()
     windows = len(build_features(squad.examples, tokenizer, spec, labels=True, offsets=False))
     seconds = time.perf_counter() - started

@@ -24,7 +24,7 @@ def test_cache_roundtrip_and_fingerprint(tokenizer, tiny_bert, tmp_path: Path) -
     f1, state1 = feature_cache.prepare_features(squad, tokenizer, "m", spec, "train", tmp_path)
     f2, state2 = feature_cache.prepare_features(squad, tokenizer, "m", spec, "train", tmp_path)
     assert (state1, state2) == ("built", "hit")
-    assert isinstance(f2.input_ids, np.memmap)
+    assert not f2.input_ids.flags.writeable  # a view of the bytes read and checked
     for name in ("input_ids", "lengths", "start_positions", "token_type_ids"):
         assert np.array_equal(getattr(f1, name), getattr(f2, name))
     base = feature_cache.features_fingerprint(squad, "m", tokenizer, spec, "train")
@@ -48,9 +48,7 @@ def test_cache_roundtrip_and_fingerprint(tokenizer, tiny_bert, tmp_path: Path) -
 def test_damaged_cache_is_detected_and_rebuilt(damage: str, tokenizer, tmp_path: Path, caplog) -> None:
     squad = squad_files.load_squad(TRAIN_V1, training=True)
     spec = WindowSpec(128, 32, 32)
-    mapped, _ = feature_cache.prepare_features(squad, tokenizer, "m", spec, "train", tmp_path)
-    good = np.array(mapped.input_ids)  # a copy: the map itself dies with the file's bytes
-    del mapped
+    good = feature_cache.prepare_features(squad, tokenizer, "m", spec, "train", tmp_path)[0].input_ids
     (directory,) = [p for p in tmp_path.iterdir() if p.is_dir()]
     array = directory / "input_ids.npy"
     if damage == "truncate":  # a full disk or a cut-short copy to a shared mount
@@ -63,13 +61,31 @@ def test_damaged_cache_is_detected_and_rebuilt(damage: str, tokenizer, tmp_path:
         array.write_bytes(bytes(raw))
     else:  # an array from another build
         np.save(array, np.zeros((3, 5), dtype=np.int32))
-    assert feature_cache.cache_damage(directory) is not None
+    with pytest.raises(feature_cache.CacheDamage, match="input_ids.npy"):
+        feature_cache.read_entry(directory)
     with caplog.at_level("WARNING", logger="squad"):
         again, state = feature_cache.prepare_features(squad, tokenizer, "m", spec, "train", tmp_path)
     assert state == "rebuilt" and str(directory) in caplog.text
     assert np.array_equal(again.input_ids, good)
-    assert feature_cache.cache_damage(directory) is None
+    assert np.array_equal(feature_cache.read_entry(directory).input_ids, good)
     assert [p for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no debris left
+
+
+def test_bytes_written_after_the_check_never_reach_the_arrays(tokenizer, tmp_path: Path) -> None:
+    """A cache hit's arrays are the bytes that were hashed: a file rewritten in place afterwards
+    (another user of a shared cache) changes nothing a run reads, as it would through a map."""
+    squad = squad_files.load_squad(TRAIN_V1, training=True)
+    spec = WindowSpec(128, 32, 32)
+    feature_cache.prepare_features(squad, tokenizer, "m", spec, "train", tmp_path)
+    hit, state = feature_cache.prepare_features(squad, tokenizer, "m", spec, "train", tmp_path)
+    before = hit.input_ids.copy()
+    (directory,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    with open(directory / "input_ids.npy", "r+b") as f:  # in place: same inode, same size
+        f.seek(-64, 2)
+        f.write(b"\xff" * 64)
+    assert state == "hit" and np.array_equal(hit.input_ids, before)
+    with pytest.raises(feature_cache.CacheDamage, match="SHA-256 differs"):
+        feature_cache.read_entry(directory)
 
 
 def test_data_cli_rebuilds_a_truncated_cache(tmp_path: Path) -> None:

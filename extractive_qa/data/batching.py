@@ -103,7 +103,7 @@ class FeatureBatchSampler(torch.utils.data.Sampler):
 
 
 class FeatureDataset(torch.utils.data.Dataset):
-    """Indices only: the collator slices the (memory-mapped) feature arrays per batch."""
+    """Indices only: the collator slices the (read-only) feature arrays per batch."""
 
     def __init__(self, n: int) -> None:
         self.n = n

@@ -1,9 +1,10 @@
 """The feature cache: NumPy arrays in a directory named by a fingerprint of everything that shapes
-them, built once per machine (file lock), memory-mapped by every rank, damage detected."""
+them, built once per machine (file lock), read and checked by every rank, damage detected."""
 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import logging
 import os
@@ -81,18 +82,24 @@ def _save_features(features: Features, directory: Path, meta: dict[str, Any]) ->
         raise
 
 
-def cache_damage(directory: Path) -> str | None:
-    """Why a cache directory cannot be used as it is (None if sound).
+class CacheDamage(Exception):
+    """Why a cache directory cannot be used as it is."""
 
-    Each array file is checked against what meta.json says it holds (shape, dtype), against
-    the bytes its own header promises, so a truncated copy (a full disk, a partial rsync to a
-    shared mount) is caught before np.load maps it, and against its SHA-256, so bytes changed
-    in place are too (cost: bench/cache_check.py, docs/results.md).
+
+def read_entry(directory: Path) -> Features:
+    """The arrays of a cache directory, each file read once, checked, and used as read.
+
+    Each array file is checked against what meta.json says it holds (shape, dtype), against the
+    bytes its own header promises, so a truncated copy (a full disk, a partial rsync to a shared
+    mount) is caught, and against its SHA-256, so bytes changed in place are too. The arrays are
+    read-only views of the very bytes that were hashed: a file rewritten after the check never
+    reaches training, as it could through a memory map (cost: bench/cache_check.py,
+    docs/results.md). Raises CacheDamage.
     """
     try:
         meta = reading.read_json_object(directory / "meta.json", reading.RECORD, follow_links=False)
     except reading.UnreadableFile as err:
-        return f"meta.json unreadable ({err})"
+        raise CacheDamage(f"meta.json unreadable ({err})") from None
     arrays = meta.get("arrays")
     if (
         not isinstance(arrays, dict)
@@ -102,42 +109,36 @@ def cache_damage(directory: Path) -> str | None:
             for r in arrays.values()
         )
     ):
-        return "meta.json holds no array records of this cache's arrays"
+        raise CacheDamage("meta.json holds no array records of this cache's arrays")
     if type(meta.get("cls_index")) is not int:
-        return "meta.json's cls_index is not an integer"
-    for name, record in arrays.items():
-        path = directory / f"{name}.npy"
-        try:
-            with reading.open_regular(path, reading.DATA, follow_links=False) as f:
-                version = np.lib.format.read_magic(f)
-                read_header = (
-                    np.lib.format.read_array_header_1_0
-                    if version == (1, 0)
-                    else np.lib.format.read_array_header_2_0
-                )
-                shape, _, dtype = read_header(f)  # (shape, fortran_order, dtype)
-                header = f.tell()
-                size = os.fstat(f.fileno()).st_size
-        except (OSError, ValueError, reading.UnreadableFile) as err:
-            return f"{path.name}: unreadable ({err})"
-        if list(shape) != record["shape"] or dtype.str != record["dtype"]:
-            said = f"{record['shape']} {record['dtype']}"
-            return f"{path.name}: holds {list(shape)} {dtype.str}, meta.json says {said}"
-        expected = header + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        if size != expected:
-            return f"{path.name}: {size} bytes, expected {expected}"
-        if file_sha256(path) != record.get("sha256"):
-            return f"{path.name}: its contents are not the ones written (SHA-256 differs)"
-    return None
+        raise CacheDamage("meta.json's cls_index is not an integer")
+    return Features(
+        **{name: _read_array(directory / f"{name}.npy", record) for name, record in arrays.items()},
+        cls_index=meta["cls_index"],
+    )
 
 
-def load_features(directory: Path) -> Features:
-    """The arrays of a cache directory cache_damage found sound, mapped read-only."""
-    meta = reading.read_json_object(directory / "meta.json", reading.RECORD, follow_links=False)
-    arrays = {
-        name: np.load(directory / f"{name}.npy", mmap_mode="r", allow_pickle=False) for name in meta["arrays"]
-    }
-    return Features(**arrays, cls_index=int(meta["cls_index"]))
+def _read_array(path: Path, record: dict[str, Any]) -> np.ndarray:
+    """One .npy file as a read-only array over its bytes, if they are the ones `record` describes."""
+    try:
+        data = reading.read_bytes(path, reading.DATA, follow_links=False)
+        header = io.BytesIO(data)
+        version = np.lib.format.read_magic(header)
+        read_header = (
+            np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        )
+        shape, fortran_order, dtype = read_header(header)
+    except (OSError, ValueError, reading.UnreadableFile) as err:
+        raise CacheDamage(f"{path.name}: unreadable ({err})") from None
+    if list(shape) != record["shape"] or dtype.str != record["dtype"] or fortran_order:
+        said = f"{record['shape']} {record['dtype']}"
+        raise CacheDamage(f"{path.name}: holds {list(shape)} {dtype.str}, meta.json says {said}")
+    count, offset = int(np.prod(shape, dtype=np.int64)), header.tell()
+    if len(data) != offset + count * dtype.itemsize:
+        raise CacheDamage(f"{path.name}: {len(data)} bytes, expected {offset + count * dtype.itemsize}")
+    if hashlib.sha256(data).hexdigest() != record.get("sha256"):
+        raise CacheDamage(f"{path.name}: its contents are not the ones written (SHA-256 differs)")
+    return np.frombuffer(data, dtype=dtype, count=count, offset=offset).reshape(shape)
 
 
 def features_damage(features: Features, squad: SquadSet, spec: WindowSpec, vocabulary: int) -> str | None:
@@ -197,35 +198,41 @@ def prepare_features(
     fp = features_fingerprint(squad, tokenizer_name, tokenizer, spec, split)
     directory = Path(cache_dir) / f"{split}-{fp}"
 
-    def damage() -> str | None:  # the files, then the arrays against these questions and tokenizer
-        found = cache_damage(directory) if directory.exists() else "no entry for this data and tokenizer"
-        return found or features_damage(load_features(directory), squad, spec, len(tokenizer))
+    def sound_entry() -> Features | str:  # the files, then the arrays against these questions
+        if not directory.exists():
+            return "no entry for this data and tokenizer"
+        try:
+            features = read_entry(directory)
+        except CacheDamage as err:
+            return str(err)
+        return features_damage(features, squad, spec, len(tokenizer)) or features
 
     if Path(cache_dir).is_dir() and not os.access(cache_dir, os.W_OK):
         # A read-only cache (a shared mount built by someone else): a sound entry is used without
         # the lock, which would need a lock file there.
-        why = damage()
-        if why is None:
-            return load_features(directory), "hit"
+        found = sound_entry()
+        if isinstance(found, Features):
+            return found, "hit"
         raise DataError(
             f"data.cache_dir {cache_dir}: not writable, and its entry {directory.name} cannot be "
-            f"used ({why}). Point data.cache_dir at a writable directory, or build the entry "
+            f"used ({found}). Point data.cache_dir at a writable directory, or build the entry "
             "there first (python3 data.py)."
         )
-    with file_lock(directory):  # one process builds; the others wait and map it
+    with file_lock(directory):  # one process builds; the others wait and read it
         remove_stale_builds(directory)
         state = "built"
         if directory.exists():
-            why = damage()
-            if why is None:
-                return load_features(directory), "hit"
-            logger.warning("feature cache %s is damaged (%s); rebuilding it", directory, why)
+            found = sound_entry()
+            if isinstance(found, Features):
+                return found, "hit"
+            logger.warning("feature cache %s is damaged (%s); rebuilding it", directory, found)
             aside = directory.with_name(f".{directory.name}.damaged-{os.getpid()}")
             os.replace(directory, aside)
             shutil.rmtree(aside, ignore_errors=True)
             state = "rebuilt"
-        save_features(build(), directory, squad, split, cache_dir)
-    return load_features(directory), state
+        features = build()
+        save_features(features, directory, squad, split, cache_dir)
+    return features, state
 
 
 def remove_stale_builds(directory: Path) -> None:
