@@ -239,7 +239,7 @@ def resume_rewrite(name: str) -> str:
 def data_speed() -> str:
     """Feature preparation, answer extraction, a full-size train set, the cache's check."""
     features, extraction = Results("features-amx.json"), Results("extraction-amx.json")
-    full, cache = Results("full-size-amx.json"), Results("cache-check-cpu.json")
+    full, cache = Results("full-size-epyc.json"), Results("cache-check-epyc.json")
     rows = [
         [
             "feature preparation against the transformers QA examples' tokenization",

@@ -177,6 +177,8 @@ def test_cache_check_benchmark_reports_the_check_and_the_hashing(tmp_path: Path)
     report = json.loads(out.read_text())
     assert report["windows"] == 500 and report["bytes"] > 500 * 64 * 5
     assert report["warm_check_s"] > 0 and report["sha256_gb_per_s"] > 0
+    assert report["command"].startswith("python3 -m bench.cache_check --windows 500")
+    assert report["commit"] and report["machine"]  # the file names what it measured on
 
 
 def test_recipes_report_pairs_the_fast_path_with_the_standard_recipe(tmp_path: Path) -> None:
