@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -146,3 +147,29 @@ def test_json_that_is_not_strictly_json_is_named(tmp_path: Path, text: str, need
         reading.read_json(path, reading.RECORD)
     assert str(path) in str(caught.value)
     assert json.loads('{"ok": 1.5}') == reading.parse_json(b'{"ok": 1.5}', "x")
+
+
+def test_a_small_file_is_read_without_a_buffer_the_size_of_the_limit(tmp_path: Path) -> None:
+    # The data limit is 2 GiB; asking read() for that much allocates it (virtual memory that a host
+    # with strict overcommit refuses), whatever the file holds.
+    small = tmp_path / "dev.json"
+    small.write_bytes(b"x" * 1000)
+    tracemalloc.start()
+    try:
+        assert reading.read_bytes(small, reading.DATA) == b"x" * 1000
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < reading.MIB
+
+
+@pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="needs Linux's /proc")
+def test_a_file_that_holds_more_than_its_size_says_is_read_whole_and_bounded() -> None:
+    # /proc's files say 0 bytes and hold more: the reader reads on past the metadata's size, up to
+    # the limit, and refuses what is over it.
+    cmdline = Path("/proc/self/cmdline")
+    assert os.stat(cmdline).st_size == 0
+    whole = reading.read_bytes(cmdline, reading.SYSTEM)
+    assert len(whole) > 5 and whole.split(b"\0")[0]
+    with pytest.raises(reading.UnreadableFile, match="grew past"):
+        reading.read_bytes(cmdline, reading.SYSTEM, limit=5)
