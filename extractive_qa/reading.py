@@ -199,12 +199,3 @@ def read_json_object(path: Path | str, kind: Kind, *, follow_links: bool = True)
     if not isinstance(value, dict):
         raise UnreadableFile(f"{path}: holds a JSON {type(value).__name__}, not an object.")
     return value
-
-
-def check_regular_files(directory: Path, names: list[str], kind: Kind) -> None:
-    """Before a library reads `names` in `directory` by itself (a tokenizer's files): each present
-    one is a regular file within the kind's limit (opened and closed, nothing read)."""
-    for name in names:
-        path = directory / name
-        if path.exists() or path.is_symlink():
-            open_regular(path, kind).close()
