@@ -38,8 +38,9 @@ def block(name: str) -> Callable[[Callable[..., str]], Callable[..., str]]:
     return register
 
 
-def caption(results: Results) -> str:
-    prov = results.provenance()
+def caption(results: Results, section: dict[str, Any] | None = None) -> str:
+    """Where a block's figures come from: the file's provenance, or a section's that names its own."""
+    prov = results.provenance(section)
     shown = results.name if "/" in results.name else f"bench/results/{results.name}"
     return f"Measured on {prov.label}, {prov.date}: `{prov.command}` (`{shown}`)."
 
@@ -180,6 +181,12 @@ def reported(report: Callable[[dict[str, Any]], str]) -> Callable[[str], str]:
 
 for study_name, study_report in REPORTS.items():
     BLOCKS[study_name] = reported(study_report)
+
+
+@block("squad2-overhead")
+def squad2_overhead(name: str) -> str:
+    results = Results(name)
+    return f"{caption(results, results['overhead'])}\n\n{squad2.overhead_report(results['overhead'])}"
 
 
 @block("aggregation")

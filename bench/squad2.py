@@ -42,6 +42,7 @@ import torch
 
 from bench import study
 from bench.common import machine_text, provenance
+from bench.results_files import num, table
 from extractive_qa.data.squad_files import load_squad
 from extractive_qa.files import ROOT
 from extractive_qa.qa import squad_metric
@@ -332,7 +333,7 @@ def precision_report(rows: list[dict]) -> list[str]:
     return lines
 
 
-def overhead(args: argparse.Namespace, result: dict[str, Any]) -> None:
+def overhead(args: argparse.Namespace) -> dict[str, Any]:
     """The v2 validation before (extraction + EM/F1) and after (+ best_* and the tuned threshold;
     + the three output files when data.save_predictions is on), side by side on one checkpoint's
     logits, against the whole validation (forward passes included)."""
@@ -375,9 +376,8 @@ def overhead(args: argparse.Namespace, result: dict[str, Any]) -> None:
                 fn()
                 best[name] = min(best[name], time.perf_counter() - t0)
     validation = {name: forward + seconds for name, seconds in best.items()}
-    result["overhead"] = {
-        "date": time.strftime("%Y-%m-%d"),
-        "device": study.device_name(),
+    return {
+        "repeats": args.repeats,
         "questions": len(examples),
         "windows": len(features),
         "forward_s": round(forward, 3),
@@ -385,7 +385,27 @@ def overhead(args: argparse.Namespace, result: dict[str, Any]) -> None:
         "validation_after_vs_before": round(validation["after"] / validation["before"], 4),
         "validation_with_files_vs_before": round(validation["after + files"] / validation["before"], 4),
     }
-    print(json.dumps(result["overhead"], indent=1))
+
+
+def overhead_report(section: dict[str, Any]) -> str:
+    """What the extra validation work costs, in seconds and as a share of the forward passes."""
+    post, forward = section["postprocess_s"], section["forward_s"]
+    rows = [["forward passes", num(forward), "", ""]]
+    for name, label in (
+        ("before", "extraction + EM/F1"),
+        ("after", "+ best_* and the tuned threshold"),
+        ("after + files", "+ the three output files"),
+    ):
+        extra = post[name] - post["before"]
+        shown = ["", ""] if name == "before" else [num(extra, 3), f"{num(100 * extra / forward, 1)} %"]
+        rows.append([label, num(post[name], 3), *shown])
+    head = ["validation step", "seconds", "extra over extraction + EM/F1", "extra / forward passes"]
+    return (
+        f"{section['questions']} questions, {section['windows']} windows; post-processing best of "
+        f"{section['repeats']} interleaved repeats.\n\n{table(head, rows)}\n\nThe whole validation "
+        f"takes {num(section['validation_after_vs_before'], 3)}x its time before with best_* and the "
+        f"threshold, {num(section['validation_with_files_vs_before'], 3)}x with the output files too."
+    )
 
 
 def main() -> int:
@@ -416,16 +436,16 @@ def main() -> int:
             raise SystemExit(f"{args.json}: no runs recorded yet; `python3 -m bench.squad2 run` runs them")
         print(report(result))
         return 0
-    result["command"] = " ".join(["python3", "-m", "bench.squad2", *sys.argv[1:]])
-    if args.what == "run":
+    prov = provenance("bench.squad2", sys.argv[1:])
+    if args.what == "run":  # the file's provenance is its rows'
         result["train_device"] = study.device_name()
-        result.update({k: v for k, v in provenance("bench.squad2", sys.argv[1:]).items() if k != "command"})
+        result.update(prov)
         run(args, result)
-    else:
-        overhead(args, result)
+    else:  # a section with its own: the file's still names the run that trained the rows
+        named = {key: prov[key] for key in ("command", "commit", "date", "machine")}
+        result["overhead"] = {**named, **overhead(args)}
     study.save(args.json, result)
-    if args.what == "run":
-        print(report(result))
+    print(report(result) if args.what == "run" else overhead_report(result["overhead"]))
     return 0
 
 

@@ -125,10 +125,23 @@ def read_bytes(
     limit: int | None = None,
     shown: Path | str | None = None,
 ) -> bytes:
-    """The whole file, bounded: a file that grows past the limit while read is refused too."""
+    """The whole file, bounded: a file that holds more than the limit by the time it is read (it
+    grew, or its size is not known beforehand, as /proc's files) is refused too.
+
+    The first read asks for the size the metadata gives and one byte more, not for the limit: a
+    buffer is allocated for what a read asks, and the limit (2 GiB for data) is no size to ask
+    for a kilobyte's file. Bytes past that size come in bounded pieces up to the limit."""
     cap = kind.bytes if limit is None else limit
     with open_regular(path, kind, follow_links=follow_links, limit=cap, shown=shown) as file:
-        data = file.read(cap + 1)
+        size = os.fstat(file.fileno()).st_size
+        data = file.read(size + 1)
+        if len(data) > size:
+            pieces = [data]
+            total = len(data)
+            while total <= cap and (piece := file.read(min(MIB, cap + 1 - total))):
+                pieces.append(piece)
+                total += len(piece)
+            data = b"".join(pieces)
     if len(data) > cap:
         raise UnreadableFile(
             f"{shown or path}: grew past {cap / MIB:,.0f} MiB while it was read; {_limit_text(kind, cap)}."
@@ -186,12 +199,3 @@ def read_json_object(path: Path | str, kind: Kind, *, follow_links: bool = True)
     if not isinstance(value, dict):
         raise UnreadableFile(f"{path}: holds a JSON {type(value).__name__}, not an object.")
     return value
-
-
-def check_regular_files(directory: Path, names: list[str], kind: Kind) -> None:
-    """Before a library reads `names` in `directory` by itself (a tokenizer's files): each present
-    one is a regular file within the kind's limit (opened and closed, nothing read)."""
-    for name in names:
-        path = directory / name
-        if path.exists() or path.is_symlink():
-            open_regular(path, kind).close()

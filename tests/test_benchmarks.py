@@ -5,6 +5,7 @@ in tests/, and the benchmarks import them)."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -292,6 +293,35 @@ def test_squad2_recipes_report_against_abstaining_and_the_three_epoch_recipe(tmp
     # 6ep - abstaining: +4.20 and +8.20; 6ep - 3ep: +10 and +12; time ratios 2.00 and 2.10.
     assert "| v2-6ep | 2 | 56.00 ± 2.83 | +6.20 [-19.21, +31.61] | 25.00 ± 0.00 | 80.00 ± 0.00 " in out
     assert "| 58.00 ± 2.83 | +11.00 [-1.71, +23.71] | 216 | 2.05 |" in out
+
+
+def test_squad2_overhead_names_its_own_provenance_and_keeps_the_file_s(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """bench.squad2 overhead records its command, commit, date and machine in its own section and
+    leaves the file's -- the run that trained its rows -- as they were; its report gives each
+    step's extra time as a share of the forward passes."""
+    from bench import squad2
+
+    path = tmp_path / "squad2.json"
+    trained = {"command": "python3 -m bench.squad2 run --seeds 42", "commit": "abc", "date": "2026-01-01",
+               "machine": "AMD EPYC", "config": "local_v2.yaml", "rows": []}  # fmt: skip
+    path.write_text(json.dumps(trained))
+    timings = {"repeats": 5, "questions": 100, "windows": 120, "forward_s": 10.0,
+               "postprocess_s": {"before": 0.5, "after": 0.75, "after + files": 1.0},
+               "validation_after_vs_before": 1.02, "validation_with_files_vs_before": 1.05}  # fmt: skip
+    monkeypatch.setattr(squad2, "overhead", lambda args: timings)  # the timing itself trains a model
+    monkeypatch.setattr(sys, "argv", ["squad2", "overhead", "--json", str(path)])
+    assert squad2.main() == 0
+    data = json.loads(path.read_text())
+    assert {k: data[k] for k in trained} == trained
+    section = data["overhead"]
+    assert section["command"] == f"python3 -m bench.squad2 overhead --json {path}"
+    assert section["machine"] and section["date"] and section["commit"]
+    out = capsys.readouterr().out
+    assert "| + best_* and the tuned threshold | 0.750 | 0.250 | 2.50 % |" in out
+    assert "| + the three output files | 1.000 | 0.500 | 5.00 % |" in out
+    assert "1.020x its time before with best_* and the threshold, 1.050x with the output files too" in out
 
 
 def test_throughput_refuses_a_stride_as_wide_as_the_window() -> None:

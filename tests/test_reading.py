@@ -7,11 +7,15 @@ from __future__ import annotations
 import ast
 import json
 import os
+import tracemalloc
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from extractive_qa import reading
+from extractive_qa.config.model_family import EMBEDDED_MODEL, resolve_pretrained
+from extractive_qa.data.features import load_tokenizer
 from extractive_qa.files import ROOT
 
 # --------------------------------------------------------------------------------------------
@@ -146,3 +150,78 @@ def test_json_that_is_not_strictly_json_is_named(tmp_path: Path, text: str, need
         reading.read_json(path, reading.RECORD)
     assert str(path) in str(caught.value)
     assert json.loads('{"ok": 1.5}') == reading.parse_json(b'{"ok": 1.5}', "x")
+
+
+def test_a_small_file_is_read_without_a_buffer_the_size_of_the_limit(tmp_path: Path) -> None:
+    # The data limit is 2 GiB; asking read() for that much allocates it (virtual memory that a host
+    # with strict overcommit refuses), whatever the file holds.
+    small = tmp_path / "dev.json"
+    small.write_bytes(b"x" * 1000)
+    tracemalloc.start()
+    try:
+        assert reading.read_bytes(small, reading.DATA) == b"x" * 1000
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < reading.MIB
+
+
+@pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="needs Linux's /proc")
+def test_a_file_that_holds_more_than_its_size_says_is_read_whole_and_bounded() -> None:
+    # /proc's files say 0 bytes and hold more: the reader reads on past the metadata's size, up to
+    # the limit, and refuses what is over it.
+    cmdline = Path("/proc/self/cmdline")
+    assert os.stat(cmdline).st_size == 0
+    whole = reading.read_bytes(cmdline, reading.SYSTEM)
+    assert len(whole) > 5 and whole.split(b"\0")[0]
+    with pytest.raises(reading.UnreadableFile, match="grew past"):
+        reading.read_bytes(cmdline, reading.SYSTEM, limit=5)
+
+
+# --------------------------------------------------------------------------------------------
+# Files a library reads by itself: a tokenizer's.
+# --------------------------------------------------------------------------------------------
+
+
+def tokenizer_dir(tmp_path: Path) -> Path:
+    """The embedded model's tokenizer files in a directory of the test's own."""
+    source = Path(resolve_pretrained(EMBEDDED_MODEL))
+    model = tmp_path / "model"
+    model.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
+        if (source / name).is_file():
+            (model / name).write_bytes((source / name).read_bytes())
+    return model
+
+
+def test_transformers_reads_a_private_copy_of_the_tokenizer_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import transformers
+
+    model = tokenizer_dir(tmp_path)
+    seen: dict[str, Any] = {}
+    real = transformers.AutoTokenizer.from_pretrained
+
+    def spy(path: str, **kwargs: Any) -> Any:
+        seen["mode"] = os.stat(path).st_mode & 0o777
+        seen["files"] = {p.name: p.read_bytes() for p in Path(path).iterdir()}
+        return real(path, **kwargs)
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", spy)
+    tokenizer = load_tokenizer(str(model))
+    assert seen["mode"] == 0o700, "transformers read a directory others can write to"
+    assert seen["files"] == {p.name: p.read_bytes() for p in model.iterdir()}
+    assert tokenizer.is_fast and tokenizer.name_or_path == str(model)
+
+
+def test_a_tokenizer_file_over_its_limit_is_refused_by_name_before_transformers_reads_it(
+    tmp_path: Path,
+) -> None:
+    model = tokenizer_dir(tmp_path)
+    with open(model / "tokenizer.json", "wb") as f:
+        f.truncate(reading.MODEL_FILE.bytes + reading.MIB)  # sparse: costs nothing unless read
+    with pytest.raises(
+        reading.UnreadableFile, match=r"tokenizer\.json: is 257\.0 MiB; more than a model file"
+    ):
+        load_tokenizer(str(model))

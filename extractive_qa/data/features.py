@@ -7,12 +7,16 @@ import copy
 import hashlib
 import json
 import sys
+import tempfile
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from extractive_qa import reading
 from extractive_qa.config.model_family import loadable_pretrained, resolve_pretrained
 from extractive_qa.config.settings import WindowSpec
 from extractive_qa.data.squad_files import Example
@@ -23,19 +27,55 @@ from extractive_qa.errors import DataError
 # --------------------------------------------------------------------------------------------
 
 
+# What a tokenizer's from_pretrained may read from a model directory: config.json names the model
+# type where tokenizer_config.json names no tokenizer class; the vocabularies build a fast tokenizer
+# where tokenizer.json is missing.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "added_tokens.json", "config.json", "vocab.txt", "vocab.json", "merges.txt",
+                   "spm.model", "spiece.model", "sentencepiece.bpe.model", "tokenizer.model",
+                   "chat_template.jinja", "chat_template.json")  # fmt: skip
+
+
+def private_tokenizer_files(directory: Path) -> tempfile.TemporaryDirectory:
+    """The tokenizer files of `directory`, each read once through the reader (a regular file within
+    a model file's limit, or a one-line refusal naming it) and written into a new directory that
+    only this user can open (mkdtemp: 0700). transformers then reads the very bytes the reader
+    checked: a file swapped for a pipe or a larger one after the check never reaches it."""
+    private = tempfile.TemporaryDirectory(prefix="tokenizer-")
+    try:
+        for name in TOKENIZER_FILES:
+            path = directory / name
+            if path.exists() or path.is_symlink():
+                (Path(private.name) / name).write_bytes(reading.read_bytes(path, reading.MODEL_FILE))
+    except BaseException:
+        private.cleanup()
+        raise
+    return private
+
+
 def load_tokenizer(name: str, local_only: bool = False) -> Any:
-    """The model's fast tokenizer; `local_only`: from this machine only (no hub request)."""
+    """The model's fast tokenizer; `local_only`: from this machine only (no hub request). A local
+    directory's files are loaded from a private copy (`private_tokenizer_files`), kept while the
+    tokenizer lives: a fast tokenizer may name its vocabulary file again when it is saved."""
     from transformers import AutoTokenizer
 
     source = resolve_pretrained(name) if local_only else loadable_pretrained(name)
+    private = private_tokenizer_files(Path(source)) if Path(source).is_dir() else None
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local_only)
+        loaded_from = private.name if private is not None else source
+        tokenizer = AutoTokenizer.from_pretrained(loaded_from, local_files_only=local_only)
     except Exception as err:  # a missing, foreign or damaged tokenizer file: many kinds, one answer
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        if private is not None:
+            reason = reason.replace(private.name, source)
+            private.cleanup()
         raise DataError(
             f"could not load tokenizer {name!r}: {reason} "
             "Give a local model directory, or a hub name on a machine that can reach the hub."
         ) from None
+    if private is not None:
+        weakref.finalize(tokenizer, private.cleanup)
+        tokenizer.name_or_path = source  # where it came from, as messages and saved settings name it
     if not getattr(tokenizer, "is_fast", False):
         raise DataError(
             f"tokenizer {name!r} is a slow (Python) tokenizer; windowing needs character "

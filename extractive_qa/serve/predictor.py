@@ -13,7 +13,6 @@ from typing import Any
 
 import numpy as np
 
-from extractive_qa import reading
 from extractive_qa.config.schema import model_position_limit
 from extractive_qa.data import squad_files
 from extractive_qa.data.batching import assemble_logits, evaluation_batches, forward_params, model_inputs
@@ -25,10 +24,6 @@ from extractive_qa.serve import model_weights
 from extractive_qa.serve.hf_dir import find_hf_dir
 
 Logits = tuple[np.ndarray, np.ndarray]
-# What a fast tokenizer's from_pretrained may read from a model directory.
-TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-                   "vocab.txt", "vocab.json", "merges.txt", "spm.model", "spiece.model",
-                   "sentencepiece.bpe.model", "chat_template.jinja"]  # fmt: skip
 
 
 def torch_device(device: str | None) -> Any:
@@ -72,7 +67,6 @@ class Predictor:
                 f"--checkpoint {checkpoint}: {hf / 'tokenizer.json'} is missing (every export "
                 "writes it); the checkpoint is incomplete: copy it again."
             )
-        reading.check_regular_files(hf, TOKENIZER_FILES, reading.MODEL_FILE)  # before transformers reads them
         self.tokenizer = load_tokenizer(str(hf))
         saved = self.settings.vocabulary_sha256
         if saved is not None and vocabulary_sha256(self.tokenizer) != saved:
