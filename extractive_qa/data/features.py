@@ -75,7 +75,7 @@ def load_tokenizer(name: str, local_only: bool = False) -> Any:
         ) from None
     if private is not None:
         weakref.finalize(tokenizer, private.cleanup)
-        tokenizer.name_or_path = source  # where it came from, as messages and saved settings name it
+        tokenizer.name_or_path = source  # the directory the user named, not the copy, in messages
     if not getattr(tokenizer, "is_fast", False):
         raise DataError(
             f"tokenizer {name!r} is a slow (Python) tokenizer; windowing needs character "
