@@ -2,6 +2,6 @@
 
 Stages, in reading order: config -> data -> qa -> resume -> trial -> launch -> serve, then dry_run,
 scaling_runs and scaling_report on top; beneath them all errors, reading (the one reader of
-every file), cli, det_internals, files, output_rules (where a command may write) and compat.
-A module imports only from its own stage or the ones before it. The trial never imports serve
-(optional dependencies)."""
+every file), model_files (a model directory through it), cli, det_internals, files,
+output_rules (where a command may write) and compat. A module imports only from its own stage
+or the ones before it. The trial never imports serve (optional dependencies)."""

@@ -13,22 +13,29 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from extractive_qa import model_files
 from extractive_qa.errors import ConfigError, DataError
 
 # Preference order for `auto`: PyTorch's fused SDPA kernels where the model has them.
 AUTO_ORDER = ("sdpa", "eager")
 
 
-def qa_model_class(pretrained: str) -> type | None:
-    """The AutoModelForQuestionAnswering class for this model, from its config.json; None where
-    the config is not on this machine (a hub name not downloaded yet: a plan asks no network)."""
+def pretrained_config(name: str, local_only: bool) -> Any:
+    """data.pretrained_model's config: a directory's config.json through the reader
+    (model_files.model_config); a hub name's from transformers -- with `local_only` from its
+    cache alone (a plan asks no network), else as `loadable_pretrained` finds it."""
+    source = resolve_pretrained(name) if local_only else loadable_pretrained(name)
+    if Path(source).is_dir():
+        return model_files.model_config(Path(source))
     from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(source, local_files_only=local_only)
+
+
+def qa_class(config: Any, pretrained: str) -> type:
+    """The AutoModelForQuestionAnswering class for this config, or a ConfigError naming the field."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_QUESTION_ANSWERING_MAPPING
 
-    try:
-        config = AutoConfig.from_pretrained(resolve_pretrained(pretrained), local_files_only=True)
-    except (OSError, ValueError):
-        return None
     try:
         return MODEL_FOR_QUESTION_ANSWERING_MAPPING[type(config)]
     except KeyError:
@@ -37,6 +44,16 @@ def qa_model_class(pretrained: str) -> type | None:
             "question-answering head in this transformers; use an encoder with one (BERT, RoBERTa, "
             "DeBERTa-v2/v3, ELECTRA, ALBERT, XLM-RoBERTa, DistilBERT, ModernBERT, ...)."
         ) from None
+
+
+def qa_model_class(pretrained: str) -> type | None:
+    """The AutoModelForQuestionAnswering class for this model, from its config.json; None where
+    the config is not on this machine (a hub name not downloaded yet: a plan asks no network)."""
+    try:
+        config = pretrained_config(pretrained, local_only=True)
+    except (OSError, ValueError):  # a hub name not in the cache (a directory's errors are named)
+        return None
+    return qa_class(config, pretrained)
 
 
 def supported_attention(cls: type) -> list[str]:

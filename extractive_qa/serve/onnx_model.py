@@ -22,6 +22,7 @@ import numpy as np
 
 from extractive_qa import reading
 from extractive_qa.errors import DataError
+from extractive_qa.serve import model_weights
 
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
 OUTPUT_NAMES = ("start_logits", "end_logits")
@@ -78,12 +79,10 @@ def model_to_export(hf: Path) -> Any:
     """The checkpoint's model as the ONNX graph is traced from: fp32, eval mode, and attention as
     explicit matrix products (`eager`) where the model has it -- ONNX Runtime runs that graph
     faster than the exporter's decomposition of SDPA (docs/results.md, Inference)."""
-    from transformers import AutoModelForQuestionAnswering
-
     try:
-        model = AutoModelForQuestionAnswering.from_pretrained(hf, attn_implementation="eager")
+        model = model_weights.load_model(hf, attn_implementation="eager")
     except (ValueError, ImportError):  # a model without the eager implementation
-        model = AutoModelForQuestionAnswering.from_pretrained(hf)
+        model = model_weights.load_model(hf)
     return model.float().eval()
 
 

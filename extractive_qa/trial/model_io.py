@@ -4,9 +4,14 @@ transformers' report, and the model under the wrappers Determined and torch.comp
 
 from __future__ import annotations
 
+import copy
+from pathlib import Path
 from typing import Any
 
 import torch
+
+from extractive_qa import model_files
+from extractive_qa.config.model_family import qa_class
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -42,15 +47,22 @@ def load_qa_model(source: str, **kwargs: Any) -> tuple[torch.nn.Module, str, lis
     """AutoModelForQuestionAnswering.from_pretrained without transformers' load report (a table
     that calls the new QA head MISSING and asks to train it -- the point of fine-tuning). Returns
     (model, one-line summary, warnings): anything missing beyond the QA head, left over beyond
-    pretraining heads, or of the wrong shape is a warning, since it means weights start random."""
+    pretraining heads, or of the wrong shape is a warning, since it means weights start random.
+    A local directory's config and weights are read through the reader (model_files) and handed
+    to transformers as objects; transformers matches the names and heads as it would from the
+    files. A hub name is loaded by transformers."""
     from transformers import AutoModelForQuestionAnswering
     from transformers.utils import logging as hf_logging
 
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     try:
-        loaded = AutoModelForQuestionAnswering.from_pretrained(source, output_loading_info=True, **kwargs)
-        model, info = loaded
+        if Path(source).is_dir():
+            model, info = _from_directory(Path(source), **kwargs)
+        else:
+            model, info = AutoModelForQuestionAnswering.from_pretrained(
+                source, output_loading_info=True, **kwargs
+            )
     finally:
         hf_logging.set_verbosity(verbosity)
     missing_all = [_own_name(k) for k in info.get("missing_keys") or []]
@@ -68,3 +80,18 @@ def load_qa_model(source: str, **kwargs: Any) -> tuple[torch.nn.Module, str, lis
         (mismatched, "weights of another shape here start random"),
     )
     return model, summary, [f"{len(keys)} {what}: {_listed(keys)}" for keys, what in problems if keys]
+
+
+def _from_directory(directory: Path, **kwargs: Any) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """The QA model of a local pretrained directory, from its config and weights as the reader
+    read them. The same model, QA head draw and loading report as from_pretrained on the path."""
+    config = model_files.model_config(directory)
+    cls = qa_class(config, str(directory))
+    with torch.device("meta"):
+        shape_only = cls(copy.deepcopy(config))  # only its sizes: no weights, no random draws
+    state = model_files.read_weights(directory, shape_only, "save the model again with save_pretrained")
+    model, info = cls.from_pretrained(
+        None, config=config, state_dict=state, output_loading_info=True, **kwargs
+    )
+    model.config.name_or_path = str(directory)
+    return model, info

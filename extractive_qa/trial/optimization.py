@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from extractive_qa.config.model_family import loadable_pretrained
+from extractive_qa.config.model_family import pretrained_config
 from extractive_qa.config.settings import Hyperparameters
 from extractive_qa.errors import ConfigError
 from extractive_qa.resume import rewrite as checkpoint_rewrite
@@ -56,11 +56,11 @@ def expected_state(plan: RunPlan) -> ExpectedState:
     """The model and optimizer `plan` trains, built on the meta device from the model's config (a
     second or two; no weights read or allocated): the names and shapes a resumed checkpoint must
     have (launch.checkpoint_rewrite checks it against them)."""
-    from transformers import AutoConfig, AutoModelForQuestionAnswering
+    from transformers import AutoModelForQuestionAnswering
 
     name = plan.data.pretrained_model
     try:
-        config = AutoConfig.from_pretrained(loadable_pretrained(name))
+        config = pretrained_config(name, local_only=False)
     except (OSError, ValueError) as err:
         raise ConfigError(
             f"data.pretrained_model {name!r}: cannot load ({str(err).splitlines()[0]})"

@@ -1,0 +1,140 @@
+"""A model directory on this machine, read through the one reader: config.json built into its
+transformers config class (no code from the directory runs), and the safetensors weights read once,
+bounded by what the config's model can hold, their header checked before a tensor is made.
+
+The plan's look at a model's class, the trial's pretrained encoder and predict.py's and export.py's
+hf/ model load a local directory through here, so transformers builds models from bytes the reader
+checked and never opens the directory's files itself (tests/test_reading.py hands every door a
+directory and fails if transformers is given its path). A hub name is downloaded and read by
+transformers; huggingface_hub checks each file against the digest the hub lists.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from pathlib import Path
+from typing import Any
+
+from extractive_qa import reading
+
+CONFIG = "config.json"
+WEIGHTS = "model.safetensors"
+WEIGHTS_INDEX = "model.safetensors.index.json"  # a sharded save: which file holds each tensor
+PICKLED = ("pytorch_model.bin", "pytorch_model.bin.index.json")
+HEADER_LIMIT = 100 * reading.MIB  # safetensors' own cap on its JSON header
+FLOAT_DTYPES = {"F32": 4, "F16": 2, "BF16": 2, "F64": 8}
+OTHER_DTYPES = {"I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
+
+
+def model_config(directory: Path) -> Any:
+    """directory/config.json, read strictly, as its transformers config class."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    path = directory / CONFIG
+    raw = reading.read_json_object(path, reading.MODEL_FILE)
+    model_type = raw.get("model_type")
+    if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
+        raise reading.UnreadableFile(
+            f"{path}: model_type {model_type!r} is not a model this transformers knows (no code "
+            "from a model directory is run); give a directory written by save_pretrained."
+        )
+    try:
+        return CONFIG_MAPPING[model_type].from_dict(raw)
+    except (TypeError, ValueError, KeyError) as err:
+        raise reading.UnreadableFile(
+            f"{path}: not a {model_type} config ({str(err)[:200]}); give a directory written by "
+            "save_pretrained."
+        ) from None
+
+
+def weight_files(directory: Path) -> list[Path]:
+    """model.safetensors, or each shard model.safetensors.index.json names (file names in this
+    directory, nothing else). Pickled weights alone are refused: unpickling runs code."""
+    if (directory / WEIGHTS).exists() or (directory / WEIGHTS).is_symlink():
+        return [directory / WEIGHTS]
+    index = directory / WEIGHTS_INDEX
+    if index.exists() or index.is_symlink():
+        weight_map = reading.read_json_object(index, reading.MODEL_FILE).get("weight_map")
+        names = sorted(set(weight_map.values())) if isinstance(weight_map, dict) else []
+        if not names or not all(isinstance(n, str) and n == Path(n).name != "" for n in names):
+            raise reading.UnreadableFile(
+                f"{index}: its weight_map must map tensor names to shard files in this directory; "
+                "save the model again with save_pretrained."
+            )
+        return [directory / name for name in names]
+    pickled = [name for name in PICKLED if (directory / name).exists()]
+    if pickled:
+        raise reading.UnreadableFile(
+            f"{directory}: holds pickled weights ({pickled[0]}) only, and unpickling can run code; "
+            f"load it once and save it with save_pretrained, which writes {WEIGHTS}."
+        )
+    raise reading.MissingFile(f"{directory}: has no {WEIGHTS}; give a directory written by save_pretrained.")
+
+
+def weights_limit(model: Any, files: int) -> int:
+    """The most bytes `files` safetensors files can need for `model` (a meta-device model will
+    do): every parameter and buffer in fp64, plus a header each. A pretraining checkpoint's extra
+    heads fit in the slack that fp32 weights leave."""
+    numbers = sum(math.prod(t.shape) for t in model.state_dict().values())
+    return 8 * numbers + files * (HEADER_LIMIT + 8)
+
+
+def safetensors_header(data: bytes, shown: Path, hint: str) -> dict[str, Any]:
+    """The safetensors header of `data`: each tensor once, of a known dtype, its bytes inside the
+    file and of its shape's size. Anything else is refused naming `shown`, then `hint` (what to do)."""
+
+    def fail(what: str) -> reading.UnreadableFile:
+        return reading.UnreadableFile(f"{shown}: cannot load the model: {what}; {hint}.")
+
+    if len(data) < 8:
+        raise fail("is too short to be a safetensors file")
+    (length,) = struct.unpack("<Q", data[:8])
+    if length > min(HEADER_LIMIT, len(data) - 8):
+        raise fail("has a header longer than the file")
+    try:
+        header = reading.parse_json(data[8 : 8 + length], shown, "safetensors header")
+    except reading.UnreadableFile as err:
+        raise fail(str(err).removeprefix(f"{shown}: ").rstrip(".")) from None
+    if not isinstance(header, dict):
+        raise fail("has a header that is not a JSON object")
+    header.pop("__metadata__", None)
+    body = len(data) - 8 - length
+    for name, entry in header.items():
+        if not (isinstance(entry, dict) and set(entry) == {"dtype", "shape", "data_offsets"}):
+            raise fail(f"tensor {name[:80]!r} is not described by dtype, shape and data_offsets")
+        dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+        size = {**FLOAT_DTYPES, **OTHER_DTYPES}.get(dtype) if isinstance(dtype, str) else None
+        whole = isinstance(shape, list) and all(type(d) is int and 0 <= d < 1 << 40 for d in shape)
+        spans = isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)
+        if size is None or not whole or not spans or not 0 <= offsets[0] <= offsets[1] <= body:
+            raise fail(f"tensor {name[:80]!r} has a dtype, shape or position safetensors never writes")
+        if offsets[1] - offsets[0] != math.prod(shape) * size:
+            raise fail(f"tensor {name[:80]!r} does not hold the bytes its shape needs")
+    return header
+
+
+def tensors(data: bytes, shown: Path, hint: str) -> dict[str, Any]:
+    """The tensors of safetensors bytes whose header passed `safetensors_header`."""
+    from safetensors.torch import load
+
+    try:
+        return load(data)
+    except Exception as err:  # bytes that passed the header check but not safetensors' reader
+        reason = str(err).splitlines()[0][:300] if str(err) else type(err).__name__
+        raise reading.UnreadableFile(f"{shown}: cannot load the model ({reason}); {hint}.") from None
+
+
+def read_weights(directory: Path, model: Any, hint: str) -> dict[str, Any]:
+    """Every tensor of the directory's safetensors file(s), each file read once through the reader
+    within what `model` can hold (`weights_limit`), its header checked, then turned into tensors."""
+    files = weight_files(directory)
+    left = weights_limit(model, len(files))
+    state: dict[str, Any] = {}
+    for path in files:
+        data = reading.read_bytes(path, reading.WEIGHTS, limit=left)
+        left -= len(data)
+        safetensors_header(data, path, hint)
+        state.update(tensors(data, path, hint))
+        del data
+    return state

@@ -1,0 +1,128 @@
+"""A model directory goes through the one reader (extractive_qa/model_files.py): transformers builds
+the model from a config and tensors the reader read, and is never handed the directory itself --
+neither the pretrained model a run trains from nor the checkpoint predict.py and export.py load."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from extractive_qa import model_files, reading
+from extractive_qa.config.model_family import qa_model_class
+from extractive_qa.trial import model_io
+from tests.support.project import run_main, run_train, tiny_config, write_yaml
+
+pytestmark = pytest.mark.cluster_stack  # how from_pretrained matches given tensors is transformers'
+
+
+def _spy_on_transformers(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The paths transformers is asked to load a model or a config from: every from_pretrained of
+    a model, and every config it reads, pass through these two class methods."""
+    import transformers
+
+    asked: list[str] = []
+    for owner, name in ((transformers.PreTrainedModel, "from_pretrained"),
+                        (transformers.PretrainedConfig, "get_config_dict")):  # fmt: skip
+        real = owner.__dict__[name].__func__
+
+        def spy(cls: type, source: Any, *args: Any, _real: Any = real, **kwargs: Any) -> Any:
+            asked.append(str(source))
+            return _real(cls, source, *args, **kwargs)
+
+        monkeypatch.setattr(owner, name, classmethod(spy))
+    return asked
+
+
+def test_transformers_is_never_handed_a_model_directory(
+    tiny_bert: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Train from a local directory, resume it, answer from the checkpoint and export it (where
+    ONNX is installed): no path transformers is asked to load from lies in the model or a
+    checkpoint."""
+    model = shutil.copytree(tiny_bert, tmp_path / "model")
+    asked = _spy_on_transformers(monkeypatch)
+    config = write_yaml(tiny_config(model, tmp_path), tmp_path / "exp.yaml")
+    train = ["--config", str(config), "--checkpoint-dir", str(tmp_path / "ck")]
+    code, result, err = run_train([*train, "--batches", "2"])
+    assert code == 0, err[-2000:]
+    code, result, err = run_train([*train, "--batches", "4", "--resume", result["checkpoint"]])
+    assert code == 0, err[-2000:]
+    checkpoint = result["checkpoint"]
+    question = ["--question", "Who won?", "--context", "Denver won the game."]
+    code, _, err = run_main(["predict.py", "--checkpoint", checkpoint, *question])
+    assert code == 0, err[-2000:]
+    if importlib.util.find_spec("onnxruntime"):
+        export = ["--out", str(tmp_path / "export"), "--check-questions", "4", "--no-int8"]
+        code, _, err = run_main(["export.py", "--checkpoint", checkpoint, *export])
+        assert code == 0, err[-2000:]
+    handed = [path for path in asked if path.startswith(str(tmp_path))]
+    assert not handed, f"transformers opened these itself: {handed}"
+    assert "None" in asked  # the model was built: from objects, not a path
+
+
+def test_a_pretrained_model_loads_as_from_its_files_with_the_same_head_draw(tiny_bert: Path) -> None:
+    from transformers import AutoModelForQuestionAnswering
+
+    torch.manual_seed(3)
+    from_files = AutoModelForQuestionAnswering.from_pretrained(tiny_bert)
+    torch.manual_seed(3)
+    loaded, _, warnings = model_io.load_qa_model(str(tiny_bert))
+    assert warnings == [] and type(loaded) is type(from_files)
+    expected = from_files.state_dict()
+    assert all(torch.equal(t, expected[k]) for k, t in loaded.state_dict().items())
+    same_name = {"_name_or_path": ""}
+    assert loaded.config.to_dict() | same_name == from_files.config.to_dict() | same_name
+
+
+def test_sharded_weights_load_from_every_shard_their_index_names(tiny_bert: Path, tmp_path: Path) -> None:
+    from transformers import AutoModelForQuestionAnswering
+
+    whole = AutoModelForQuestionAnswering.from_pretrained(tiny_bert)
+    whole.save_pretrained(tmp_path / "sharded", max_shard_size="100KB")
+    assert len(list((tmp_path / "sharded").glob("model-*.safetensors"))) > 1
+    loaded, summary, _ = model_io.load_qa_model(str(tmp_path / "sharded"))
+    assert summary == "QA head from the checkpoint"
+    assert all(torch.equal(t, whole.state_dict()[k]) for k, t in loaded.state_dict().items())
+    index = tmp_path / "sharded" / model_files.WEIGHTS_INDEX
+    raw = json.loads(index.read_text())
+    index.write_text(json.dumps({**raw, "weight_map": {"x": "../elsewhere.safetensors"}}))
+    with pytest.raises(reading.UnreadableFile, match="shard files in this directory"):
+        model_io.load_qa_model(str(tmp_path / "sharded"))
+
+
+def test_weights_over_what_the_model_can_hold_are_refused_by_name_before_a_read(
+    tiny_bert: Path, tmp_path: Path
+) -> None:
+    model = shutil.copytree(tiny_bert, tmp_path / "model")
+    with open(model / "model.safetensors", "r+b") as f:
+        f.truncate(256 * reading.MIB)  # sparse: costs nothing unless read; this model needs < 1 MiB
+    over = r"model\.safetensors: is 256\.0 MiB; more than a model weights"
+    with pytest.raises(reading.UnreadableFile, match=over):
+        model_io.load_qa_model(str(model))
+
+
+def test_pickled_weights_alone_are_refused_naming_the_file(tiny_bert: Path, tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    model = shutil.copytree(tiny_bert, tmp_path / "model")
+    torch.save(load_file(model / "model.safetensors"), model / "pytorch_model.bin")
+    (model / "model.safetensors").unlink()
+    with pytest.raises(reading.UnreadableFile, match=r"pickled weights \(pytorch_model\.bin\) only"):
+        model_io.load_qa_model(str(model))
+
+
+def test_a_config_of_a_model_transformers_lacks_is_named_when_the_run_is_planned(
+    tiny_bert: Path, tmp_path: Path
+) -> None:
+    model = shutil.copytree(tiny_bert, tmp_path / "model")
+    raw = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**raw, "model_type": "remote-only", "auto_map": {}}))
+    unknown = r"config\.json: model_type 'remote-only' is not a model"
+    with pytest.raises(reading.UnreadableFile, match=unknown):
+        qa_model_class(str(model))
