@@ -2,11 +2,11 @@
 transformers config class (no code from the directory runs), and the safetensors weights read once,
 bounded by what the config's model can hold, their header checked before a tensor is made.
 
-The plan's look at a model's class, the trial's pretrained encoder and predict.py's and export.py's
-hf/ model load a local directory through here, so transformers builds models from bytes the reader
-checked and never opens the directory's files itself (tests/test_reading.py hands every door a
-directory and fails if transformers is given its path). A hub name is downloaded and read by
-transformers; huggingface_hub checks each file against the digest the hub lists.
+The plan's look at a model's class, the trial's pretrained encoder, a resume's expected state and
+predict.py's and export.py's hf/ model load a local directory through here, so transformers builds
+models from bytes the reader checked and never opens the directory's files itself
+(tests/test_model_files.py trains, resumes, answers and exports from directories and fails if
+transformers is handed one). A hub name is downloaded and read by transformers.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The one reader every file of the project goes through: configs, data, predictions, feature
-caches, checkpoints and their records, hf/ exports.
+caches, checkpoints and their records, model directories and hf/ exports (model_files).
 
 A path is resolved through its links once, then opened without following a link and without
 waiting (a FIFO's open would block until a writer comes), and refused unless it is a regular file
