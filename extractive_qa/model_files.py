@@ -12,7 +12,10 @@ transformers is handed one). A hub name is downloaded and read by transformers.
 from __future__ import annotations
 
 import math
+import os
 import struct
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +26,11 @@ WEIGHTS = "model.safetensors"
 WEIGHTS_INDEX = "model.safetensors.index.json"  # a sharded save: which file holds each tensor
 PICKLED = ("pytorch_model.bin", "pytorch_model.bin.index.json")
 HEADER_LIMIT = 100 * reading.MIB  # safetensors' own cap on its JSON header
-FLOAT_DTYPES = {"F32": 4, "F16": 2, "BF16": 2, "F64": 8}
-OTHER_DTYPES = {"I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
+# safetensors' dtypes this project reads: torch's name and the bytes of one element.
+DTYPES = {"F64": ("float64", 8), "F32": ("float32", 4), "F16": ("float16", 2), "BF16": ("bfloat16", 2),
+          "I64": ("int64", 8), "I32": ("int32", 4), "I16": ("int16", 2), "I8": ("int8", 1),
+          "U8": ("uint8", 1), "BOOL": ("bool", 1)}  # fmt: skip
+FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
 
 
 def model_config(directory: Path) -> Any:
@@ -80,61 +86,89 @@ def weights_limit(model: Any, files: int) -> int:
     return 8 * numbers + files * (HEADER_LIMIT + 8)
 
 
-def safetensors_header(data: bytes, shown: Path, hint: str) -> dict[str, Any]:
-    """The safetensors header of `data`: each tensor once, of a known dtype, its bytes inside the
-    file and of its shape's size. Anything else is refused naming `shown`, then `hint` (what to do)."""
+def safetensors_header(head: bytes, body: int, shown: Path, hint: str) -> dict[str, Any]:
+    """The header of a safetensors file from `head` (its length prefix and JSON), for `body` bytes
+    of tensors after it: each tensor once, of a known dtype, of its shape's size, and together
+    tiling the body (as safetensors writes them: none overlaps, no byte is left over). Anything
+    else is refused naming `shown`, then `hint` (what to do). Returns name -> entry."""
 
     def fail(what: str) -> reading.UnreadableFile:
         return reading.UnreadableFile(f"{shown}: cannot load the model: {what}; {hint}.")
 
-    if len(data) < 8:
-        raise fail("is too short to be a safetensors file")
-    (length,) = struct.unpack("<Q", data[:8])
-    if length > min(HEADER_LIMIT, len(data) - 8):
-        raise fail("has a header longer than the file")
     try:
-        header = reading.parse_json(data[8 : 8 + length], shown, "safetensors header")
+        header = reading.parse_json(head[8:], shown, "safetensors header")
     except reading.UnreadableFile as err:
         raise fail(str(err).removeprefix(f"{shown}: ").rstrip(".")) from None
     if not isinstance(header, dict):
         raise fail("has a header that is not a JSON object")
     header.pop("__metadata__", None)
-    body = len(data) - 8 - length
     for name, entry in header.items():
         if not (isinstance(entry, dict) and set(entry) == {"dtype", "shape", "data_offsets"}):
             raise fail(f"tensor {name[:80]!r} is not described by dtype, shape and data_offsets")
         dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
-        size = {**FLOAT_DTYPES, **OTHER_DTYPES}.get(dtype) if isinstance(dtype, str) else None
+        size = DTYPES.get(dtype) if isinstance(dtype, str) else None
         whole = isinstance(shape, list) and all(type(d) is int and 0 <= d < 1 << 40 for d in shape)
         spans = isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)
         if size is None or not whole or not spans or not 0 <= offsets[0] <= offsets[1] <= body:
             raise fail(f"tensor {name[:80]!r} has a dtype, shape or position safetensors never writes")
-        if offsets[1] - offsets[0] != math.prod(shape) * size:
+        if offsets[1] - offsets[0] != math.prod(shape) * size[1]:
             raise fail(f"tensor {name[:80]!r} does not hold the bytes its shape needs")
+    end = 0
+    for name, entry in sorted(header.items(), key=lambda item: item[1]["data_offsets"]):
+        if entry["data_offsets"][0] != end:
+            raise fail(f"tensor {name[:80]!r} overlaps another or leaves a gap before it")
+        end = entry["data_offsets"][1]
+    if end != body:
+        raise fail(f"holds {body - end} bytes after its last tensor")
     return header
 
 
-def tensors(data: bytes, shown: Path, hint: str) -> dict[str, Any]:
-    """The tensors of safetensors bytes whose header passed `safetensors_header`."""
-    from safetensors.torch import load
+def read_safetensors(
+    path: Path, limit: int, hint: str, check: Callable[[dict[str, Any]], None] | None = None
+) -> tuple[dict[str, Any], int]:
+    """The tensors of one safetensors file and its size, read once through the reader (a regular
+    file of at most `limit` bytes): its header checked (`safetensors_header`, then `check` if
+    given) before any tensor is made, then each tensor's bytes read straight into a new tensor --
+    no second copy of the file in memory, and no byte used that was not read and checked here."""
+    import torch
 
-    try:
-        return load(data)
-    except Exception as err:  # bytes that passed the header check but not safetensors' reader
-        reason = str(err).splitlines()[0][:300] if str(err) else type(err).__name__
-        raise reading.UnreadableFile(f"{shown}: cannot load the model ({reason}); {hint}.") from None
+    def fail(what: str) -> reading.UnreadableFile:
+        return reading.UnreadableFile(f"{path}: cannot load the model: {what}; {hint}.")
+
+    if sys.byteorder != "little":
+        raise fail("safetensors stores little-endian numbers, and this machine is big-endian")
+    with reading.open_regular(path, reading.WEIGHTS, limit=limit) as file:
+        size = os.fstat(file.fileno()).st_size
+        prefix = file.read(8)
+        if len(prefix) < 8:
+            raise fail("is too short to be a safetensors file")
+        (length,) = struct.unpack("<Q", prefix)
+        if length > min(HEADER_LIMIT, size - 8):
+            raise fail("has a header longer than the file")
+        head = prefix + file.read(length)
+        header = safetensors_header(head, size - len(head), path, hint)
+        if check is not None:
+            check(header)
+        state = {}
+        for name, entry in sorted(header.items(), key=lambda item: item[1]["data_offsets"]):
+            tensor = torch.empty(entry["shape"], dtype=getattr(torch, DTYPES[entry["dtype"]][0]))
+            raw = tensor.view(-1).view(torch.uint8).numpy()  # the tensor's own memory, as bytes
+            if raw.size and file.readinto(memoryview(raw)) != raw.size:
+                raise fail("is shorter than its header says (it changed while it was read)")
+            state[name] = tensor
+        if file.read(1):
+            raise fail("grew while it was read")
+    return state, size
 
 
 def read_weights(directory: Path, model: Any, hint: str) -> dict[str, Any]:
-    """Every tensor of the directory's safetensors file(s), each file read once through the reader
-    within what `model` can hold (`weights_limit`), its header checked, then turned into tensors."""
+    """Every tensor of the directory's safetensors file(s), each file read once through the reader,
+    all of them together within what `model` can hold (`weights_limit`)."""
     files = weight_files(directory)
     left = weights_limit(model, len(files))
     state: dict[str, Any] = {}
     for path in files:
-        data = reading.read_bytes(path, reading.WEIGHTS, limit=left)
-        left -= len(data)
-        safetensors_header(data, path, hint)
-        state.update(tensors(data, path, hint))
-        del data
+        tensors, size = read_safetensors(path, left, hint)
+        state.update(tensors)
+        left -= size
     return state

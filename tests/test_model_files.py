@@ -126,3 +126,33 @@ def test_a_config_of_a_model_transformers_lacks_is_named_when_the_run_is_planned
     unknown = r"config\.json: model_type 'remote-only' is not a model"
     with pytest.raises(reading.UnreadableFile, match=unknown):
         qa_model_class(str(model))
+
+
+def test_each_dtype_reads_as_safetensors_writes_it_and_a_file_must_be_tiled_by_its_tensors(
+    tmp_path: Path,
+) -> None:
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    written = {
+        "f32": torch.randn(3, 5),
+        "bf16": torch.randn(7).to(torch.bfloat16),
+        "f16": torch.randn(2, 2).half(),
+        "f64": torch.randn(1, dtype=torch.float64),
+        "i64": torch.arange(4),
+        "i8": torch.tensor([-3, 4], dtype=torch.int8),
+        "bool": torch.tensor([True, False, True]),
+        "scalar": torch.tensor(1.5),
+        "empty": torch.zeros(0, 4),
+    }
+    path = tmp_path / "model.safetensors"
+    save_file(written, path)
+    read, size = model_files.read_safetensors(path, path.stat().st_size, "write it again")
+    assert size == path.stat().st_size and read.keys() == written.keys()
+    assert all(read[k].dtype == t.dtype and torch.equal(read[k], t) for k, t in written.items())
+    with pytest.raises(reading.UnreadableFile, match="more than a model weights"):
+        model_files.read_safetensors(path, path.stat().st_size - 1, "write it again")
+    with open(path, "ab") as f:
+        f.write(b"\0" * 8)  # bytes no tensor claims
+    with pytest.raises(reading.UnreadableFile, match="holds 8 bytes after its last tensor; write it again"):
+        model_files.read_safetensors(path, path.stat().st_size, "write it again")

@@ -25,10 +25,12 @@ def expected_tensors(model: Any) -> dict[str, tuple[tuple[int, ...], bool]]:
     return {n: (tuple(t.shape), t.dtype.is_floating_point) for n, t in model.state_dict().items()}
 
 
-def check_header(data: bytes, expected: dict[str, tuple[tuple[int, ...], bool]], shown: Path) -> None:
-    """The safetensors header against the model: the names exactly the model's; floats where the
-    model has floats (a QA head stored as int32 would load as garbage), shapes the model's."""
-    header = model_files.safetensors_header(data, shown, AGAIN)
+def check_header(
+    header: dict[str, Any], expected: dict[str, tuple[tuple[int, ...], bool]], shown: Path
+) -> None:
+    """A safetensors header (model_files.safetensors_header) against the model: the names exactly
+    the model's; floats where the model has floats (a QA head stored as int32 would load as
+    garbage), shapes the model's."""
 
     def fail(what: str) -> reading.UnreadableFile:
         return reading.UnreadableFile(f"{shown}: cannot load the model: {what}; {AGAIN}.")
@@ -54,11 +56,11 @@ def load_model(hf: Path, **config_kwargs: Any) -> Any:
     config = model_files.model_config(hf)
     with torch.device("meta"):
         shape_only = AutoModelForQuestionAnswering.from_config(config)
-    path = hf / WEIGHTS
-    data = reading.read_bytes(path, reading.WEIGHTS, limit=model_files.weights_limit(shape_only, 1))
-    check_header(data, expected_tensors(shape_only), path)
-    state = model_files.tensors(data, path, AGAIN)
-    del data
+    expected, path = expected_tensors(shape_only), hf / WEIGHTS
+    limit = model_files.weights_limit(shape_only, 1)
+    state, _ = model_files.read_safetensors(
+        path, limit, AGAIN, lambda header: check_header(header, expected, path)
+    )
     model = AutoModelForQuestionAnswering.from_config(config, **config_kwargs)
     model.load_state_dict(state, strict=True)
     return model
