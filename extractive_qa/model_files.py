@@ -62,13 +62,14 @@ def weight_files(directory: Path) -> list[Path]:
     index = directory / WEIGHTS_INDEX
     if index.exists() or index.is_symlink():
         weight_map = reading.read_json_object(index, reading.MODEL_FILE).get("weight_map")
-        names = sorted(set(weight_map.values())) if isinstance(weight_map, dict) else []
-        if not names or not all(isinstance(n, str) and n == Path(n).name != "" for n in names):
+        names = list(weight_map.values()) if isinstance(weight_map, dict) else []
+        plain = all(isinstance(n, str) and n not in ("", ".", "..") and n == Path(n).name for n in names)
+        if not names or not plain:
             raise reading.UnreadableFile(
                 f"{index}: its weight_map must map tensor names to shard files in this directory; "
                 "save the model again with save_pretrained."
             )
-        return [directory / name for name in names]
+        return [directory / name for name in sorted(set(names))]
     pickled = [name for name in PICKLED if (directory / name).exists()]
     if pickled:
         raise reading.UnreadableFile(

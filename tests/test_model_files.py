@@ -91,9 +91,10 @@ def test_sharded_weights_load_from_every_shard_their_index_names(tiny_bert: Path
     assert all(torch.equal(t, whole.state_dict()[k]) for k, t in loaded.state_dict().items())
     index = tmp_path / "sharded" / model_files.WEIGHTS_INDEX
     raw = json.loads(index.read_text())
-    index.write_text(json.dumps({**raw, "weight_map": {"x": "../elsewhere.safetensors"}}))
-    with pytest.raises(reading.UnreadableFile, match="shard files in this directory"):
-        model_io.load_qa_model(str(tmp_path / "sharded"))
+    for weight_map in ({"x": "../elsewhere.safetensors"}, {"x": ".."}, {"x": 1, "y": "a"}, {"x": []}):
+        index.write_text(json.dumps({**raw, "weight_map": weight_map}))
+        with pytest.raises(reading.UnreadableFile, match="shard files in this directory"):
+            model_io.load_qa_model(str(tmp_path / "sharded"))
 
 
 def test_weights_over_what_the_model_can_hold_are_refused_by_name_before_a_read(
