@@ -170,6 +170,11 @@ def read_weights(directory: Path, model: Any, hint: str) -> dict[str, Any]:
     state: dict[str, Any] = {}
     for path in files:
         tensors, size = read_safetensors(path, left, hint)
+        again = sorted(set(tensors) & set(state))
+        if again:  # two shards holding one tensor: which one transformers would keep is not said
+            raise reading.UnreadableFile(
+                f"{path}: holds {again[0][:80]!r} again, which another shard holds; {hint}."
+            )
         state.update(tensors)
         left -= size
     return state

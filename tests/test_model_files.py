@@ -157,3 +157,16 @@ def test_each_dtype_reads_as_safetensors_writes_it_and_a_file_must_be_tiled_by_i
         f.write(b"\0" * 8)  # bytes no tensor claims
     with pytest.raises(reading.UnreadableFile, match="holds 8 bytes after its last tensor; write it again"):
         model_files.read_safetensors(path, path.stat().st_size, "write it again")
+
+
+def test_a_tensor_in_two_shards_is_refused_naming_it(tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    model = tmp_path / "model"
+    model.mkdir()
+    save_file({"a": torch.zeros(2)}, model / "one.safetensors")
+    save_file({"a": torch.ones(2)}, model / "two.safetensors")
+    weight_map = {"a": "one.safetensors", "b": "two.safetensors"}
+    (model / model_files.WEIGHTS_INDEX).write_text(json.dumps({"weight_map": weight_map}))
+    with pytest.raises(reading.UnreadableFile, match=r"two\.safetensors: holds 'a' again"):
+        model_files.read_weights(model, torch.nn.Linear(2, 2), "save it again")
