@@ -44,20 +44,17 @@ from extractive_qa.errors import ConfigError, DataError
 from extractive_qa.files import ROOT, write_text_atomic
 from extractive_qa.qa import mixed_precision, qa_settings
 from extractive_qa.serve.predictor import Predictor
+from extractive_qa.trial import model_io
 
 NVIDIA_V100_SEQ_PER_S = 119.0
 
 
 def export_embedded(target: Path, conf_path: Path) -> Path:
     """A checkpoint-like hf/ export of the embedded default model, with local.yaml's settings."""
-    from transformers import AutoModelForQuestionAnswering
-    from transformers.utils import logging as hf_logging
-
     conf = experiment.load_yaml(conf_path)
     plan = run_plan.run_plan(conf, experiment.local_hparams(conf), 1)
-    hf_logging.set_verbosity_error()  # the QA head is newly initialised; that is the point here
     name = plan.data.pretrained_model
-    model = AutoModelForQuestionAnswering.from_pretrained(resolve_pretrained(name))
+    model, _, _ = model_io.load_qa_model(resolve_pretrained(name))
     model.save_pretrained(target, safe_serialization=True)
     load_tokenizer(name).save_pretrained(target)
     eval_batch = plan.data.eval_batch_size_per_slot(plan.hparams.global_batch_size)  # one slot

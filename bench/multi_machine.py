@@ -31,7 +31,7 @@ from typing import Any
 from bench.common import provenance
 from extractive_qa import reading, scaling_report, scaling_runs
 from extractive_qa.config import experiment
-from extractive_qa.config.model_family import EMBEDDED_MODEL, resolve_pretrained
+from extractive_qa.config.model_family import EMBEDDED_MODEL, pretrained_config
 from extractive_qa.files import ROOT, drawn_from
 from tests.support import det_cluster, det_netns
 
@@ -96,9 +96,12 @@ def run(tmp: Path, conf: dict, hp: dict, machines: int, link: str) -> scaling_ru
 
 
 def parameters() -> int:
+    import torch
     from transformers import AutoModelForQuestionAnswering
 
-    model = AutoModelForQuestionAnswering.from_pretrained(resolve_pretrained(EMBEDDED_MODEL))
+    config = pretrained_config(EMBEDDED_MODEL, local_only=True)  # sizes only: no weights read
+    with torch.device("meta"):
+        model = AutoModelForQuestionAnswering.from_config(config)
     return sum(p.numel() for p in model.parameters())
 
 

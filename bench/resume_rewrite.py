@@ -32,18 +32,18 @@ import numpy as np
 import torch
 
 from bench.common import BERT_BASE, ROOT, provenance
-from extractive_qa.config.model_family import EMBEDDED_MODEL, resolve_pretrained
+from extractive_qa.config.model_family import EMBEDDED_MODEL, pretrained_config
 
 MODELS = {"minilm": None, "bert-base": BERT_BASE}
 
 
 def build(kind: str, device: str = "cpu") -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    from transformers import AutoConfig, AutoModelForQuestionAnswering, BertConfig
+    from transformers import AutoModelForQuestionAnswering, BertConfig
 
     from extractive_qa.config.settings import Hyperparameters
     from extractive_qa.trial.optimization import build_optimizer
 
-    config = AutoConfig.from_pretrained(resolve_pretrained(EMBEDDED_MODEL)) if kind == "minilm" else None
+    config = pretrained_config(EMBEDDED_MODEL, local_only=True) if kind == "minilm" else None
     config = config or BertConfig(**MODELS[kind])
     torch.manual_seed(0)
     with torch.device(device):
@@ -87,6 +87,8 @@ def child(mode: str, kind: str, directory: Path) -> dict[str, Any]:
     Path("/proc/self/clear_refs").write_text("5")  # VmHWM := the RSS now: the peak is this step's
     start = time.perf_counter()
     if mode == "load":
+        # As Determined restores on the cluster image's torch 2.3 (unrestricted, pytorch/
+        # _pytorch_trial.py:907): the cost a rewrite adds to. The file is this benchmark's own.
         torch.load(directory / "state_dict.pth", map_location="cpu", weights_only=False)
     else:
         with tempfile.TemporaryDirectory(dir=directory.parent) as private:

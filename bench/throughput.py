@@ -48,7 +48,7 @@ import torch
 
 from bench import flops
 from extractive_qa.config import experiment, run_plan
-from extractive_qa.config.model_family import EMBEDDED_MODEL
+from extractive_qa.config.model_family import EMBEDDED_MODEL, pretrained_config
 from extractive_qa.config.settings import PRECISIONS, Hyperparameters, WindowSpec
 from extractive_qa.data import squad_files
 from extractive_qa.data.batching import Collator, FeatureBatchSampler, FeatureDataset, training_batches
@@ -100,10 +100,11 @@ def peak_tflops(device: torch.device) -> float | None:
 def flop_counter(model_path: str, weights_only: bool = False) -> Callable[[int, int], float]:
     """FLOPs of a training step on (batch, width): flops.training_flops on a meta-device model
     (weights_only: flops.parameter_flops, the Linear layers' share)."""
-    from transformers import AutoConfig, AutoModelForQuestionAnswering
+    from transformers import AutoModelForQuestionAnswering
 
+    config = pretrained_config(model_path, local_only=True)
     with torch.device("meta"):
-        model = AutoModelForQuestionAnswering.from_config(AutoConfig.from_pretrained(model_path))
+        model = AutoModelForQuestionAnswering.from_config(config)
     count = flops.parameter_flops if weights_only else flops.training_flops
     return lambda batch, width: count(model, batch, width)
 

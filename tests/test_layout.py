@@ -219,3 +219,28 @@ def test_the_upload_carries_the_package_and_the_entry_scripts() -> None:
     assert {"train.py", "model_def.py", "data.py", "startup-hook.sh", "extractive_qa/__init__.py"} <= files
     assert {str(p.relative_to(ROOT)) for p in PACKAGE.rglob("*.py")} <= files
     assert not any(f.startswith(("tests/", "bench/")) for f in files)
+
+
+# Who may ask transformers to open files itself: the hub-name paths (a name, not a directory:
+# transformers fetches and caches it) and the tokenizer, whose files features.py lists. Every
+# other model or config, in the package, the entry scripts and bench/, goes through the reader
+# (model_files) and reaches transformers as objects.
+OPENS_FILES = {
+    "extractive_qa/trial/model_io.py",
+    "extractive_qa/config/model_family.py",
+    "extractive_qa/data/features.py",
+}
+
+
+def test_model_files_are_opened_only_through_the_reader() -> None:
+    shipped = [p for p in python_files() if p.relative_to(ROOT).parts[0] != "tests"]
+    callers = sorted(
+        f"{path.relative_to(ROOT)}:{node.lineno}"
+        for path in shipped
+        if str(path.relative_to(ROOT)) not in OPENS_FILES
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "from_pretrained"
+    )
+    assert not callers, f"read the model through model_io.load_qa_model or pretrained_config: {callers}"
