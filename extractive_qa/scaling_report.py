@@ -15,7 +15,7 @@ import io
 import itertools
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -176,13 +176,18 @@ def check_report_outputs(command: str, out: Path, config: Path | None) -> None:
         check_outputs({f"--out ({n})": out / n for n in REPORT_FILES}, {}, new_files_in_upload=True)
 
 
-def write_report(report: dict[str, Any], out: Path) -> list[Path]:
+Draw = Callable[[dict[str, Any], Path, dict[str, str]], None]
+
+
+def write_report(report: dict[str, Any], out: Path, draw: Draw | None = None) -> list[Path]:
+    """report.json, report.md from it, and report.png drawn by `draw` (the speedup against slots
+    unless a study draws its own), which names the report.json it shows."""
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / name for name in REPORT_FILES]
     data = json.dumps(report, indent=1)
     write_text_atomic(paths[0], data)
     write_text_atomic(paths[1], markdown(report))
-    plot(report, paths[2], drawn_from(paths[0].name, data.encode()))
+    (draw or plot)(report, paths[2], drawn_from(paths[0].name, data.encode()))
     return paths
 
 
@@ -216,7 +221,7 @@ def markdown(report: dict[str, Any]) -> str:
     if notes:
         lines += ["", "Notes:", ""] + [f"- {name}: {note}" for name, note in notes]
     lines += ["", "Definitions:", ""] + [f"- {k}: {v}" for k, v in report["definitions"].items()]
-    lines += ["", "![speedup vs slots](report.png)"]
+    lines += ["", "![the runs above, drawn](report.png)"]
     return "\n".join(lines) + "\n"
 
 

@@ -160,6 +160,19 @@ def test_report_from_recorded_series_speedup_efficiency_and_failures(tmp_path: P
     )
 
 
+def test_a_study_that_draws_its_own_plot_draws_only_that(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """bench.multi_machine draws efficiency against the link; the speedup plot is not drawn first."""
+    from extractive_qa import scaling_report
+
+    drawn: list[Any] = []
+    monkeypatch.setattr(scaling_report, "plot", lambda *args: drawn.append("speedup against slots"))
+    report = scaling.build_report([_run("one", 1, 8, [100.0, 110.0, 120.0])], "own")
+    paths = scaling.write_report(report, tmp_path, draw=lambda r, path, source: drawn.append((path, source)))
+    assert drawn == [(paths[2], drawn_from("report.json", paths[0].read_bytes()))]
+
+
 def test_study_without_finished_runs_is_an_error() -> None:
     with pytest.raises(scaling.ScalingError, match="study s9: no finished runs"):
         scaling.build_report([_run("x", 1, 8, [], state="ERROR")], "s9")
