@@ -1,21 +1,20 @@
-"""Exact resume (mid-epoch, aggregation 2) and predict.py."""
+"""Exact resume (mid-epoch, aggregation 2, bf16, two processes, from before the stage layout) and
+what a resume refuses."""
 
 from __future__ import annotations
 
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from extractive_qa.data import squad_files
 from extractive_qa.launch import local_run
 from extractive_qa.trial import callbacks
 from tests.support.cli_result import last_json
-from tests.support.project import DEV_V1, ROOT, completed, run_cli, run_train, tiny_config, write_yaml
+from tests.support.project import ROOT, run_train, tiny_config, write_yaml
 
 # A local run keeps only its latest and best checkpoints (save_trial_latest / save_trial_best);
 # these tests resume from the middle of a finished run.
@@ -113,119 +112,6 @@ def test_resume_rejects_a_foreign_directory(tiny_bert: Path, tmp_path: Path) -> 
     path = write_yaml(tiny_config(tiny_bert, tmp_path), tmp_path / "exp.yaml")
     code, _, err = run_train(["--config", str(path), "--resume", str(tmp_path)])
     assert code == 2 and "not a checkpoint written by train.py" in err
-
-
-def _predict(*args: str) -> subprocess.CompletedProcess:
-    return completed(["predict.py", *args])
-
-
-def test_single_question_over_a_context_longer_than_one_window(trained) -> None:
-    ckpt, _ = trained
-    context = " ".join(["The stadium hosted many games over the years."] * 40) + " Denver won the title."
-    out = _predict("--checkpoint", str(ckpt), "--question", "Who won the title?", "--context", context)
-    assert out.returncode == 0, out.stderr
-    result = last_json(out.stdout)
-    assert set(result) == {"answer", "score", "start", "end"}
-    assert context[result["start"] : result["end"]] == result["answer"] and result["answer"]
-    assert 0 < result["score"] <= 1
-
-
-def test_predict_runs_without_determined(trained) -> None:
-    """Answering needs torch + transformers only: importing Determined fails in this process."""
-    ckpt, _ = trained
-    argv = ["--checkpoint", str(ckpt), "--question", "Who won?", "--context", "Denver won the title."]
-    program = (
-        "import sys; sys.modules['determined'] = None; "  # any `import determined` now raises
-        f"import predict; sys.exit(predict.main({argv!r}))"
-    )
-    cmd = [sys.executable, "-c", program]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert out.returncode == 0, out.stderr
-    assert last_json(out.stdout)["answer"]
-
-
-def test_qa_settings_missing_a_key_is_a_clear_error(trained, tmp_path: Path) -> None:
-    ckpt, _ = trained
-    hf = tmp_path / "hf"
-    shutil.copytree(ckpt / "hf", hf)
-    settings = json.loads((hf / "qa_settings.json").read_text())
-    del settings["doc_stride"]
-    (hf / "qa_settings.json").write_text(json.dumps(settings))
-    out = _predict("--checkpoint", str(hf), "--question", "q", "--context", "c")
-    assert out.returncode == 2 and "missing doc_stride" in out.stderr, out.stderr
-
-
-def test_batch_predictions_score_equal_to_the_trials_validation(trained, tmp_path: Path) -> None:
-    ckpt, result = trained
-    preds = tmp_path / "p.json"
-    run_cli(["predict.py", "--checkpoint", str(ckpt / "hf"), "--squad", str(DEV_V1), "--out", str(preds)])
-    metrics = run_cli(["-m", "extractive_qa.qa.squad_metric", str(DEV_V1), str(preds)])
-    assert metrics["exact_match"] == result["exact_match"] and metrics["f1"] == result["f1"]
-
-
-def test_bf16_predictions_score_equal_to_the_trials_validation(tiny_bert: Path, tmp_path: Path) -> None:
-    """A bf16 run evaluates under bf16 autocast; predict.py computes the same way (from
-    qa_settings.json), so its EM/F1 are the trial's. In fp32 they were not (F1 5.55 vs 5.79)."""
-    from extractive_qa.serve.predictor import Predictor
-
-    conf = tiny_config(tiny_bert, tmp_path)
-    conf["hyperparameters"].update(precision="bf16", learning_rate=3e-3)
-    path = write_yaml(conf, tmp_path / "exp.yaml")
-    code, result, err = run_train(
-        ["--config", str(path), "--checkpoint-dir", str(tmp_path / "ckpt"), "--batches", "20"]
-    )
-    assert code == 0, err
-    hf = Path(result["checkpoint"]) / "hf"
-    assert json.loads((hf / "qa_settings.json").read_text())["precision"] == "bf16"
-    preds = tmp_path / "p.json"
-    run_cli(["predict.py", "--checkpoint", str(hf), "--squad", str(DEV_V1), "--out", str(preds)])
-    metrics = run_cli(["-m", "extractive_qa.qa.squad_metric", str(DEV_V1), str(preds)])
-    assert metrics["exact_match"] == result["exact_match"] and metrics["f1"] == result["f1"]
-    # The precision is what makes the difference: fp32 logits of the same weights differ.
-    examples = squad_files.load_squad(DEV_V1, training=False).examples[:20]
-    logits = {}
-    for precision in ("bf16", "fp32"):
-        predictor = Predictor(str(hf), "cpu", precision=precision)
-        logits[precision] = predictor.logits(predictor.features(examples))[0]
-    assert not (logits["bf16"] == logits["fp32"]).all()
-
-
-def test_qa_settings_from_before_precision_was_saved_load_as_fp32(trained, tmp_path: Path) -> None:
-    from extractive_qa.serve.predictor import Predictor
-
-    ckpt, _ = trained
-    hf = tmp_path / "hf"
-    shutil.copytree(ckpt / "hf", hf)
-    settings = json.loads((hf / "qa_settings.json").read_text())
-    del settings["precision"], settings["tf32"]
-    (hf / "qa_settings.json").write_text(json.dumps(settings))
-    predictor = Predictor(str(hf), "cpu")
-    assert (predictor.precision, predictor.settings.tf32) == ("fp32", True)
-    out = _predict("--checkpoint", str(hf), "--question", "Who won?", "--context", "Denver won the title.")
-    assert out.returncode == 0 and last_json(out.stdout)["answer"], out.stderr
-
-
-@pytest.mark.parametrize(
-    "args, message",
-    [
-        (["--checkpoint", "/nope", "--question", "q", "--context", "c"], "no such directory"),
-        (["--question", "q", "--context", "c"], "not a checkpoint of this project"),
-        (["--question", " ", "--context", "c"], "must both be non-empty"),
-        (["--squad", "/nope.json", "--out", "OUT/x.json"], "no such file"),
-        (
-            ["--checkpoint", "0b1c2d3e-0000-4000-8000-000000000000", "--question", "q", "--context", "c"],
-            "DET_MASTER",
-        ),
-    ],
-)
-def test_predict_errors(args: list[str], message: str, trained, tmp_path: Path) -> None:
-    ckpt, _ = trained
-    if "--checkpoint" not in args:
-        foreign = tmp_path if "--question" in args and args[1] == "q" else ckpt
-        args = ["--checkpoint", str(foreign), *args]
-    out = _predict(*(a.replace("OUT", str(tmp_path)) for a in args))
-    assert out.returncode == 2 and message in out.stderr, out.stderr
-    assert "Traceback" not in out.stderr
 
 
 @pytest.mark.cluster_stack

@@ -5,10 +5,14 @@ the Determined SDK when a master is reachable).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import shutil
+import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from extractive_qa.errors import DataError
 from extractive_qa.qa import qa_settings
@@ -33,7 +37,14 @@ def find_hf_dir(checkpoint: str) -> Path:
 
 
 def download_checkpoint(uuid: str) -> Path:
+    """The checkpoint UUID, downloaded once through the Determined SDK into this user's private
+    directory (resume.restore.private_root()/checkpoints/UUID) and reused by later calls. A
+    download lands in a new directory beside it, each file the master lists must be there with
+    the size it records, and only then is it renamed into place whole: an interrupted or short
+    download is never used, and is removed."""
     from determined.experimental import client
+
+    from extractive_qa.resume.restore import private_root
 
     master = os.environ.get("DET_MASTER")
     if not master:
@@ -41,10 +52,45 @@ def download_checkpoint(uuid: str) -> Path:
             f"--checkpoint {uuid}: looks like a Determined checkpoint UUID, but DET_MASTER is not "
             "set; set it (and log in with `det user login`) or pass a directory."
         )
+    cache = private_root() / "checkpoints"
+    cache.mkdir(mode=0o700, exist_ok=True)
+    target = cache / uuid
+    if target.is_dir():
+        print(f"--checkpoint {uuid}: the copy downloaded before, {target}", file=sys.stderr)
+        return target
+    staging = Path(tempfile.mkdtemp(dir=cache, prefix=f".{uuid}."))
     try:
-        client.login(master=master)
-        target = Path(tempfile.mkdtemp(prefix=f"ckpt-{uuid[:8]}-"))
-        client.get_checkpoint(uuid).download(str(target))
+        # A Determined object of its own, not client.login(): that may be called once a process.
+        checkpoint = client.Determined(master=master).get_checkpoint(uuid)
+        checkpoint.download(str(staging / uuid))
+        if problem := _short_of_record(staging / uuid, checkpoint.resources or {}):
+            raise DataError(
+                f"--checkpoint {uuid}: the download from {master} is incomplete ({problem}); run again."
+            )
+        with contextlib.suppress(OSError):  # another call's download got there first: same files
+            os.replace(staging / uuid, target)
+    except DataError:
+        raise
     except Exception as err:  # the SDK raises many kinds; all mean "could not fetch"
         raise DataError(f"--checkpoint {uuid}: cannot download from {master} ({err}).") from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    size = sum(f.stat().st_size for f in target.rglob("*") if f.is_file())
+    print(f"--checkpoint {uuid}: downloaded {size / 1e6:,.0f} MB into {target}; later calls reuse it",
+          file=sys.stderr)  # fmt: skip
     return target
+
+
+def _short_of_record(directory: Path, resources: dict[str, Any]) -> str | None:
+    """The first file the master lists (path -> bytes, as a decimal string; a directory ends in
+    '/') that the download lacks or holds at another size, or None."""
+    for name, recorded in sorted(resources.items()):
+        if name.endswith("/"):
+            continue
+        path = directory / name
+        if not path.is_file() or path.is_symlink():
+            return f"{name} is missing"
+        size = path.stat().st_size
+        if str(recorded) != str(size):
+            return f"{name} has {size} bytes, the master records {recorded}"
+    return None

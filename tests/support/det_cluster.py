@@ -121,6 +121,7 @@ class Cluster:
         # None: every container on this host's loopback.
         self.machines = machines
         self.storage = storage  # shared_fs host_path
+        master.checkpoint_storage = {"type": "shared_fs", "host_path": str(storage)}
         self.workdir = workdir
         self.extra_env = env or {}
         storage.mkdir(parents=True, exist_ok=True)

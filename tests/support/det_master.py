@@ -143,6 +143,9 @@ class Master:
         self.allocations: dict[str, Allocation] = {}
         self.rendezvous: dict[tuple[str, str], bindings.v1RendezvousInfo] = {}
         self.experiments: list[ExperimentRecord] = []  # what the SDK's read calls see
+        # The experiment's checkpoint_storage as the SDK's get_checkpoint sees it (a Cluster sets
+        # its shared_fs host_path); a download finds the checkpoint's files there.
+        self.checkpoint_storage: dict[str, Any] = {}
         self.cond = threading.Condition()
         # Called with each metrics report before the trial gets its answer, so a test can act at
         # an exact step (flip the searcher's decision, kill a rank) without racing the trial.
@@ -312,6 +315,24 @@ class Master:
             req = b.v1LoginRequest.from_json(body)
             user = b.v1User(active=True, admin=True, username=req.username, id=1)
             return 200, b.v1LoginResponse(token="user-token", user=user).to_json()
+        if method == "GET" and (g := re.fullmatch(r"/api/v1/checkpoints/([^/]+)", path)):
+            ck = next((c for c in self.checkpoints if c.uuid == g.group(1)), None)
+            if ck is None:
+                return 404, api_error(5, f"checkpoint not found: {g.group(1)}")
+            training = b.v1CheckpointTrainingMetadata(
+                experimentConfig={"checkpoint_storage": self.checkpoint_storage},
+                experimentId=self.experiment_id,
+                trialId=self.trial_id,
+            )
+            found = b.v1Checkpoint(
+                uuid=ck.uuid, state=b.checkpointv1State.COMPLETED, resources=ck.resources,
+                metadata=ck.metadata, training=training, reportTime=rfc3339(time.time()),
+            )  # fmt: skip
+            return 200, b.v1GetCheckpointResponse(checkpoint=found).to_json()
+        if method == "GET" and path == "/api/v1/me":  # the SDK checks a cached login's token
+            return 200, b.v1GetMeResponse(
+                user=b.v1User(active=True, admin=True, username="determined", id=1)
+            ).to_json()
         if method == "GET" and path == "/api/v1/experiments":
             wanted = set(query.get("labels", []))
             exps = [e for e in self.experiments if not wanted or wanted & set(e.config.get("labels") or [])]
