@@ -175,3 +175,63 @@ def test_a_checkpoint_uuid_downloads_once_into_a_private_copy_and_a_short_one_is
     assert not master.errors, master.errors
     cache = private / f"extractive-qa-{os.getuid()}" / "checkpoints"
     assert [p.name for p in cache.iterdir()] == [whole]
+
+
+def _tar(members: list[tuple[str, bytes | str]]) -> bytes:
+    """A gzipped tar of (name, bytes) files and (name, target) symbolic links."""
+    import io
+    import tarfile
+
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w:gz") as tar:
+        for name, body in members:
+            info = tarfile.TarInfo(name)
+            if isinstance(body, str):
+                info.type, info.linkname = tarfile.SYMTYPE, body
+                tar.addfile(info)
+            else:
+                info.size = len(body)
+                tar.addfile(info, io.BytesIO(body))
+    return out.getvalue()
+
+
+def test_a_download_through_the_master_never_writes_outside_its_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the storage cannot be reached from here, Determined's SDK unpacks the master's tar of
+    the checkpoint. A member that climbs out (../), an absolute one, or a file under a link that
+    points out never lands outside it: the command fails naming the checkpoint, and keeps nothing."""
+    import uuid
+
+    from tests.support.det_master import Checkpoint, Master
+
+    private = tmp_path / "tmp"
+    private.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(private))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    master = Master()
+    master.checkpoint_storage = {"type": "shared_fs", "host_path": str(tmp_path / "not-mounted-here")}
+    monkeypatch.setenv("DET_MASTER", master.url)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    attacks = {
+        "climbs": [("metadata.json", b"{}"), ("../../../../../outside/climbed", b"x")],
+        "absolute": [("metadata.json", b"{}"), (str(outside / "absolute"), b"x")],
+        "link": [("metadata.json", b"{}"), ("hf", str(outside)), ("hf/linked", b"x")],
+    }
+    try:
+        for members in attacks.values():
+            name = str(uuid.uuid4())
+            master.checkpoints.append(Checkpoint(name, 6, {}, {}))
+            master.proxied[name] = _tar(members)
+            out = _predict("--checkpoint", name, "--question", "Who won?", "--context", "Denver won.")
+            # refused, or (tarfile's filter strips an absolute name's "/") not a checkpoint
+            assert out.returncode == 2 and f"error: --checkpoint {name}: " in out.stderr, (
+                members,
+                out.stderr,
+            )
+    finally:
+        master.close()
+    assert not [p for p in tmp_path.rglob("*") if p.name in ("climbed", "absolute", "linked")]
+    assert list((private / f"extractive-qa-{os.getuid()}" / "checkpoints").iterdir()) == []

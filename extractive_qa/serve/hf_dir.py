@@ -10,7 +10,9 @@ import os
 import re
 import shutil
 import sys
+import tarfile
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,12 @@ def find_hf_dir(checkpoint: str) -> Path:
         path = download_checkpoint(checkpoint)
     if not path.is_dir():
         raise DataError(f"--checkpoint {checkpoint}: no such directory (or reachable UUID).")
+    return _hf_dir_of(path, checkpoint)
+
+
+def _hf_dir_of(path: Path, checkpoint: str) -> Path:
+    """path/hf, or path itself (an hf/ or export.py's directory), if it holds this project's
+    config.json and qa_settings.json."""
     for candidate in (path / "hf", path):
         if (candidate / "config.json").is_file() and (candidate / qa_settings.QA_SETTINGS).is_file():
             return candidate
@@ -62,17 +70,20 @@ def download_checkpoint(uuid: str) -> Path:
     try:
         # A Determined object of its own, not client.login(): that may be called once a process.
         checkpoint = client.Determined(master=master).get_checkpoint(uuid)
-        checkpoint.download(str(staging / uuid))
+        with _tar_members_stay_inside():
+            checkpoint.download(str(staging / uuid))
         if problem := _short_of_record(staging / uuid, checkpoint.resources or {}):
             raise DataError(
                 f"--checkpoint {uuid}: the download from {master} is incomplete ({problem}); run again."
             )
+        _hf_dir_of(staging / uuid, uuid)  # not this project's: refused now, not kept
         with contextlib.suppress(OSError):  # another call's download got there first: same files
             os.replace(staging / uuid, target)
     except DataError:
         raise
     except Exception as err:  # the SDK raises many kinds; all mean "could not fetch"
-        raise DataError(f"--checkpoint {uuid}: cannot download from {master} ({err}).") from None
+        why = f"{err}; {err.__cause__}" if err.__cause__ else str(err)  # a proxied download's reason
+        raise DataError(f"--checkpoint {uuid}: cannot download from {master} ({why}).") from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     size = sum(f.stat().st_size for f in target.rglob("*") if f.is_file())
@@ -94,3 +105,24 @@ def _short_of_record(directory: Path, resources: dict[str, Any]) -> str | None:
         if str(recorded) != str(size):
             return f"{name} has {size} bytes, the master records {recorded}"
     return None
+
+
+@contextlib.contextmanager
+def _tar_members_stay_inside() -> Iterator[None]:
+    """Where the storage cannot be reached from here, the SDK unpacks the master's tar of the
+    checkpoint with a bare extractall: a member named ../x or /x, or a file under a link that
+    points out, would land outside the download. tarfile's data filter keeps every member inside
+    (refusing ../ and links out, making absolute names relative); it is extractall's default
+    while this lasts."""
+    if not hasattr(tarfile, "data_filter"):  # Python 3.10.12+ and 3.11.4+ have it
+        raise DataError(
+            f"unpacking a checkpoint download safely needs Python 3.11.4 or newer (this is "
+            f"{sys.version.split()[0]}): its tarfile has no data filter. Upgrade Python."
+        )
+    # vermin dates extraction_filter to 3.12; the backport to 3.10.12 / 3.11.4 is checked above.
+    before = tarfile.TarFile.extraction_filter  # novermin
+    tarfile.TarFile.extraction_filter = staticmethod(tarfile.data_filter)  # novermin
+    try:
+        yield
+    finally:
+        tarfile.TarFile.extraction_filter = before  # novermin

@@ -146,6 +146,9 @@ class Master:
         # The experiment's checkpoint_storage as the SDK's get_checkpoint sees it (a Cluster sets
         # its shared_fs host_path); a download finds the checkpoint's files there.
         self.checkpoint_storage: dict[str, Any] = {}
+        # A checkpoint's files as the master streams them when the SDK cannot reach the storage
+        # itself (GET /checkpoints/UUID: a gzipped tar), by UUID.
+        self.proxied: dict[str, bytes] = {}
         self.cond = threading.Condition()
         # Called with each metrics report before the trial gets its answer, so a test can act at
         # an exact step (flip the searcher's decision, kill a rank) without racing the trial.
@@ -161,13 +164,16 @@ class Master:
                 return json.loads(self.rfile.read(length) or b"null")
 
             def _send(self, code: int, obj: Any = None) -> None:
-                if isinstance(obj, Lines):
+                kind = "application/json"
+                if isinstance(obj, bytes):
+                    data, kind = obj, "application/gzip"
+                elif isinstance(obj, Lines):
                     data = "".join(json.dumps(line) + "\n" for line in obj).encode()
                 else:
                     data = json.dumps({} if obj is None else obj).encode()
                 with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # caller gone
                     self.send_response(code)
-                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Type", kind)
                     self.send_header("Content-Length", str(len(data)))
                     self.end_headers()
                     self.wfile.write(data)
@@ -329,6 +335,9 @@ class Master:
                 metadata=ck.metadata, training=training, reportTime=rfc3339(time.time()),
             )  # fmt: skip
             return 200, b.v1GetCheckpointResponse(checkpoint=found).to_json()
+        if method == "GET" and (g := re.fullmatch(r"/checkpoints/([^/]+)", path)):  # a proxied download
+            data = self.proxied.get(g.group(1))
+            return (404, api_error(5, f"checkpoint not found: {g.group(1)}")) if data is None else (200, data)
         if method == "GET" and path == "/api/v1/me":  # the SDK checks a cached login's token
             return 200, b.v1GetMeResponse(
                 user=b.v1User(active=True, admin=True, username="determined", id=1)
