@@ -399,7 +399,7 @@ def paired_text(diff: dict[str, Any] | None) -> str:
 
 
 def lr_row() -> list[str]:
-    results = Results("lr-scaling-cpu.json")
+    results = Results("lr-scaling-epyc.json")
     rows = results["rows"]
     seeds = tuple(int(seed) for seed in lr_scaling.SEEDS.split(","))
     ref = lr_scaling.reference_lr(rows, seeds[:3])

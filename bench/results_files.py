@@ -4,10 +4,8 @@ Every JSON file there names the command that wrote it, the commit it ran at, the
 machine -- a CPU's model or a GPU's name -- either at its top level or on each of its rows (a
 file that gathers runs of several machines). `Results` hands out a file's values together with
 the short machine label and date that a rendered row carries, so a row is always labelled with
-the machine of the file its figures came from. A file measured before its CPU model was recorded
-says so (`"cpu_model": "not recorded"`); `Results` hands out no timings of it (`without_timings`):
-a time without its machine means nothing, while accuracy on the same recipe does not depend on
-the CPU.
+the machine of the file its figures came from. A file whose machine names no CPU model or GPU is
+refused as a whole: a figure without its machine cannot be compared with anything.
 """
 
 from __future__ import annotations
@@ -25,7 +23,6 @@ RESULTS = ROOT / "bench" / "results"
 PROVENANCE = ("command", "commit", "date", "machine")
 # A machine is named by its maker and model: a CPU's model name or a GPU's.
 MAKERS = re.compile(r"\b(AMD|Intel|NVIDIA|Apple|Ampere|AWS Graviton|Arm)\b")
-NOT_RECORDED = "not recorded"
 
 
 class NoProvenance(ValueError):
@@ -52,8 +49,6 @@ def machine_label(machine: str) -> str:
         return "; ".join(dict.fromkeys(machine_label(part) for part in machine.split("; ")))
     if "NVIDIA" in machine:
         return re.sub(r"\s*\(.*", "", machine)
-    if NOT_RECORDED in machine:
-        return f"a {machine.split(',')[0]} (model not recorded)"
     name = re.sub(r"\((?:R|TM)\)|\bProcessor\b|\bCPU\b", "", re.split(r" \(|,", machine)[0])
     units = "AMX" if "AMX tiles" in machine else "AVX512-BF16" if "AVX512-BF16" in machine else ""
     units = units or ("no bf16 units" if "bf16 units: none" in machine else "")
@@ -66,8 +61,7 @@ def provenance_problems(record: dict[str, Any]) -> list[str]:
     problems = [f"no {k}" for k in missing]
     machine = str(record.get("machine") or "")
     if machine and not MAKERS.search(machine):
-        if record.get("cpu_model") != NOT_RECORDED or NOT_RECORDED not in machine:
-            problems.append(f"machine {machine!r} names no CPU model or GPU")
+        problems.append(f"machine {machine!r} names no CPU model or GPU")
     return problems
 
 
@@ -105,9 +99,7 @@ class Results:
         data = load(name)
         if problems := data_problems(data):  # the bytes read once: the ones checked are the ones used
             raise NoProvenance(f"{path_of(name).relative_to(ROOT)}: {'; '.join(problems)}")
-        # A time means nothing without its machine: a file whose CPU model is not on record hands
-        # out no timings at all, so no block can show one.
-        self.data: dict[str, Any] = without_timings(data) if data.get("cpu_model") == NOT_RECORDED else data
+        self.data: dict[str, Any] = data
 
     def provenance(self, row: dict[str, Any] | None = None) -> Provenance:
         source = row if row is not None and "machine" in row else self.data
@@ -115,18 +107,6 @@ class Results:
 
     def __getitem__(self, key: str) -> Any:
         return self.data[key]
-
-
-TIMING = re.compile(r"(?:^|_)(?:s|ms|seconds|minutes)$|per_s|speed|_over_|overhead")
-
-
-def without_timings(value: Any) -> Any:
-    """The value with every timing -- a field of seconds, a rate, a speed-up -- taken out."""
-    if isinstance(value, dict):
-        return {k: without_timings(v) for k, v in value.items() if not TIMING.search(str(k))}
-    if isinstance(value, list):
-        return [without_timings(v) for v in value]
-    return value
 
 
 def num(value: float, decimals: int = 2, sign: bool = False) -> str:

@@ -71,16 +71,6 @@ def test_a_results_file_without_its_machine_is_named(tree: Path) -> None:
     assert any("block 'value cache-check-epyc.json" in p for p in found)
 
 
-def test_a_timing_of_a_machine_not_recorded_is_refused(tree: Path) -> None:
-    readme = tree / "README.md"
-    readme.write_text(
-        readme.read_text()
-        + "\n<!-- generated: value lr-scaling-cpu.json rows.0.train_seconds 1 s -->x<!-- /generated -->\n"
-    )
-    refused = "block 'value lr-scaling-cpu.json rows.0.train_seconds 1 s': KeyError"
-    assert any(refused in p for p in docs.problems())
-
-
 def test_a_report_kept_in_the_docs_is_its_json_table(tree: Path) -> None:
     report_md = tree / "docs" / "multi-machine" / "report.md"
     report_json = report_md.with_name("report.json")
@@ -107,10 +97,10 @@ def test_a_plot_that_no_longer_shows_its_results_file_is_named(tree: Path) -> No
     report_json.write_text(json.dumps(data, indent=1))
     stale = "plot docs/multi-machine/report.png does not show report.json as it is now"
     assert any(p.startswith("docs/scaling.md:") and stale in p for p in docs.problems())
-    png = tree / "bench" / "results" / "lr-scaling-cpu.png"
+    png = tree / "bench" / "results" / "lr-scaling-epyc.png"
     png.write_bytes(png.read_bytes().replace(b"sha256:", b"sha256:0", 1))  # a stamp of other bytes
-    assert any("plot bench/results/lr-scaling-cpu.png does not show" in p for p in docs.problems())
-    assert docs.png_text(png.read_bytes())["Source"].startswith("lr-scaling-cpu.json sha256:0")
+    assert any("plot bench/results/lr-scaling-epyc.png does not show" in p for p in docs.problems())
+    assert docs.png_text(png.read_bytes())["Source"].startswith("lr-scaling-epyc.json sha256:0")
 
 
 def test_a_yaml_table_follows_the_yamls(tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -235,12 +225,10 @@ def track(value: Any, path: tuple[Any, ...], reads: set[tuple[Any, ...]]) -> Any
 
 
 def read_while_rendering(tree: Path, monkeypatch: pytest.MonkeyPatch) -> dict[tuple[Any, ...], str]:
-    """(file, *path) of every number a block read -> the text of the blocks that read it. A file
-    whose CPU model is not on record keeps its timings here; the caller leaves them out."""
+    """(file, *path) of every number a block read -> the text of the blocks that read it."""
     reads: set[tuple[Any, ...]] = set()
-    load, strip = results_files.load, results_files.without_timings
+    load = results_files.load
     monkeypatch.setattr(results_files, "load", lambda name: track(load(name), (Path(name).name,), reads))
-    monkeypatch.setattr(results_files, "without_timings", lambda value: value)
     shown: dict[tuple[Any, ...], str] = {}
     for page in [tree / "README.md", *(tree / "docs").glob("*.md")]:
         for match in docs.BLOCK.finditer(page.read_text()):
@@ -252,7 +240,6 @@ def read_while_rendering(tree: Path, monkeypatch: pytest.MonkeyPatch) -> dict[tu
             for path in reads:
                 shown[path] = shown.get(path, "") + body
     monkeypatch.setattr(results_files, "load", load)
-    monkeypatch.setattr(results_files, "without_timings", strip)
     return shown
 
 
@@ -265,13 +252,8 @@ def test_random_quoted_results_values_moved_fail_the_check(
     leaves = []
     for path in sorted((tree / "bench" / "results").glob("*.json")):
         data = json.loads(path.read_text())
-        timed = data.get("cpu_model") != results_files.NOT_RECORDED
         leaves += [
-            (path, keys, v)
-            for keys, v in numbers(data)
-            if v
-            and quoted(v, shown.get((path.name, *keys), ""))
-            and (timed or not any(results_files.TIMING.search(str(k)) for k in keys))
+            (path, keys, v) for keys, v in numbers(data) if v and quoted(v, shown.get((path.name, *keys), ""))
         ]
     chosen = rng.sample(leaves, min(EDITS, len(leaves)))
     missed = []
