@@ -14,12 +14,15 @@ sentence. `--check` fails when:
 - a study's report kept in the docs (docs/*/report.md) is not the table of the report.json beside
   it, or that JSON does not name its provenance;
 - a plot a page shows does not name, in its PNG metadata, the results file beside it that it was
-  drawn from with that file's SHA-256 as it is now (`--write` draws it again).
+  drawn from with that file's SHA-256 as it is now (`--write` draws it again);
+- a test a page names as the guard of a promise (`tests/test_x.py`, `tests/test_x.py::test_y`)
+  is not there: a renamed or deleted test takes its pages' promises with it.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import re
 import shlex
 import sys
@@ -30,6 +33,7 @@ from extractive_qa import reading, scaling_report
 from extractive_qa.files import ROOT, drawn_from
 
 IMAGE = re.compile(r"!\[[^\]]*\]\((?P<target>(?![a-z]+://)[^)\s]+\.png)\)")  # the project's own plots
+TEST_REF = re.compile(r"\btests/[\w/]+\.py(?:::\w+)*")
 BLOCK = re.compile(r"<!-- generated: (?P<spec>[^>]*?) -->(?P<body>.*?)<!-- /generated -->", re.S)
 
 UNIT = (
@@ -122,6 +126,21 @@ def images(page: Path, text: str) -> list[tuple[int, Path]]:
     ]
 
 
+def test_ref_problem(ref: str) -> str | None:
+    """Why `tests/FILE.py::NAME::...` names nothing in this tree, or None."""
+    file, *names = ref.split("::")
+    path = ROOT / file
+    if not path.is_file():
+        return f"{file} does not exist"
+    scope: list[ast.stmt] = ast.parse(reading.read_text(path, reading.MODEL_FILE)).body
+    for name in names:
+        found = [n for n in scope if isinstance(n, ast.FunctionDef | ast.ClassDef) and n.name == name]
+        if not found:
+            return f"{file} defines no {name}"
+        scope = found[0].body
+    return None
+
+
 def render(spec: str) -> str:
     name, *args = shlex.split(spec)
     if name not in doc_blocks.BLOCKS:
@@ -179,6 +198,10 @@ def problems() -> list[str]:
         for line, png in images(page, text):
             if problem := plot_problem(png):
                 found.append(f"{page.relative_to(ROOT)}:{line}: plot {png.relative_to(ROOT)} {problem}")
+        for match in TEST_REF.finditer(text):
+            if problem := test_ref_problem(match[0]):
+                line = text.count("\n", 0, match.start()) + 1
+                found.append(f"{page.relative_to(ROOT)}:{line}: names a test that is not there: {problem}")
     for report in reports():
         shown = report.relative_to(ROOT)
         try:

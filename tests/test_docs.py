@@ -26,6 +26,7 @@ def tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         source, target = ROOT / part, tmp_path / part
         target.parent.mkdir(parents=True, exist_ok=True)
         (shutil.copytree if source.is_dir() else shutil.copy2)(source, target)
+    (tmp_path / "tests").symlink_to(ROOT / "tests")  # the tests the pages name, read only
     monkeypatch.setattr(docs, "ROOT", tmp_path)
     monkeypatch.setattr(results_files, "ROOT", tmp_path)
     monkeypatch.setattr(results_files, "RESULTS", tmp_path / "bench" / "results")
@@ -69,6 +70,25 @@ def test_a_results_file_without_its_machine_is_named(tree: Path) -> None:
     found = docs.problems()
     assert "bench/results/cache-check-epyc.json: machine 'x86_64, 2 cores' names no CPU model or GPU" in found
     assert any("block 'value cache-check-epyc.json" in p for p in found)
+
+
+def test_a_page_naming_a_test_that_is_not_there_is_named(tree: Path) -> None:
+    """A promise names the test that guards it; renaming or deleting that test fails the check."""
+    page = tree / "docs" / "results.md"
+    text = page.read_text()
+    real = "`tests/test_docs.py::test_a_page_naming_a_test_that_is_not_there_is_named`"
+    page.write_text(text + f"\nGuarded by {real}.\n")
+    assert docs.problems() == []
+    lines = text.count("\n") + 2
+    for ref, why in (
+        (
+            "tests/test_docs.py::test_a_page_naming_a_guard",
+            "tests/test_docs.py defines no test_a_page_naming_a_guard",
+        ),
+        ("tests/test_documents.py", "tests/test_documents.py does not exist"),
+    ):
+        page.write_text(text + f"\nGuarded by `{ref}`.\n")
+        assert docs.problems() == [f"docs/results.md:{lines}: names a test that is not there: {why}"]
 
 
 def test_a_report_kept_in_the_docs_is_its_json_table(tree: Path) -> None:
