@@ -47,8 +47,11 @@ def main() -> int:
     args = parser.parse_args()
     if not torch.cuda.is_available():
         parser.error("needs a CUDA GPU")
-    device = torch.device("cuda")
-    tmp = Path(tempfile.mkdtemp())
+    with tempfile.TemporaryDirectory(prefix="attention-backends-") as tmp:  # the model built for it
+        return measure(args, torch.device("cuda"), Path(tmp))
+
+
+def measure(args: argparse.Namespace, device: torch.device, tmp: Path) -> int:
     tokenizer = load_tokenizer(EMBEDDED_MODEL)
     model_path = tp.model_dir("bert-base", tmp, tokenizer)
     settings = argparse.Namespace(

@@ -373,3 +373,23 @@ def test_ci_fresh_clone_keeps_each_suites_seconds_and_summary() -> None:
     main, compat = summaries(log).split("\n\n")
     assert main.splitlines()[0].startswith("== main suite") and main.endswith("3 passed, 1 skipped in 12.00s")
     assert "compat: venv ready in 100 s" in compat and compat.endswith("1 failed, 2 passed in 5.00s")
+
+
+def test_attention_backends_removes_the_model_it_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GPU benchmark builds a bert-base in a directory of its own; that directory is gone once
+    it returns, whatever the measuring did (here: stopped by Ctrl-C)."""
+    from bench import attention_backends
+
+    given: list[Path] = []
+
+    def measure(args: object, device: object, tmp: Path) -> int:
+        given.append(tmp)
+        (tmp / "model.safetensors").write_bytes(b"0" * 1024)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(attention_backends.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(attention_backends, "measure", measure)
+    monkeypatch.setattr(sys, "argv", ["attention_backends"])
+    with pytest.raises(KeyboardInterrupt):
+        attention_backends.main()
+    assert given and not given[0].exists()
