@@ -459,13 +459,15 @@ def plot(
     seeds: tuple[int, ...],
     source: dict[str, str],
 ) -> None:
-    import matplotlib
+    from extractive_qa.scaling_report import png_axes
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    with png_axes(png, source, (7, 4.5), dpi=110) as ax:
+        _draw(rows, ref, rule, best, seeds, ax)
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
 
+def _draw(
+    rows: list[dict[str, Any]], ref: float, rule: str, best: dict[str, Any], seeds: tuple[int, ...], ax: Any
+) -> None:
     def line(cells: list[dict[str, Any]], label: str, **style: Any) -> None:
         """One line: each measured cell's mean F1 ± std at its samples per optimizer step."""
         points = [(MICRO_BATCH * c["aggregation_frequency"], study.summary(rows, c, None)) for c in cells]
@@ -502,9 +504,6 @@ def plot(
     ax.set_title(f"Embedded default: F1 vs effective batch (reference lr {ref:g} at 4)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(png, dpi=110, metadata=source)  # names the results file it shows
 
 
 def main() -> int:

@@ -21,7 +21,6 @@ compression; P counted from the model) and B the shaped link rate. Prints one JS
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import sys
 import tempfile
@@ -33,7 +32,7 @@ from bench.common import provenance
 from extractive_qa import scaling_report, scaling_runs
 from extractive_qa.config import experiment
 from extractive_qa.config.model_family import EMBEDDED_MODEL, pretrained_config
-from extractive_qa.files import ROOT, write_bytes_atomic
+from extractive_qa.files import ROOT
 from tests.support import det_cluster, det_netns
 
 PER_SLOT_BATCH = 8
@@ -116,12 +115,11 @@ def model_rate(r: float, agg: int, link: str, grad_bytes: float, n: int = 2) -> 
 def plot_links(report: dict[str, Any], path: Path, source: dict[str, str]) -> None:
     """Per-slot efficiency against link rate, measured and modelled, one colour per aggregation
     (in place of scaling.py's speedup-vs-slots plot, which cannot show the link)."""
-    import matplotlib
+    with scaling_report.png_axes(path, source, (6.5, 4.5)) as ax:
+        _draw_links(report, ax)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+def _draw_links(report: dict[str, Any], ax: Any) -> None:
     rows = [r for r in report["runs"] if r.get("model_samples_per_s")]
     base = {r["aggregation"]: r["samples_per_s"] for r in report["runs"] if r["slots"] == 1}
     for i, agg in enumerate(sorted({r["aggregation"] for r in rows})):
@@ -147,11 +145,6 @@ def plot_links(report: dict[str, Any], path: Path, source: dict[str, str]) -> No
     ax.set_ylim(0, 1.05)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    image = io.BytesIO()
-    fig.savefig(image, format="png", dpi=120, metadata=source)  # names the report.json it shows
-    write_bytes_atomic(path, image.getvalue())  # replaced whole, never written through a link
-    plt.close(fig)
 
 
 def main() -> int:

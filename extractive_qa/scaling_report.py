@@ -11,11 +11,12 @@ report with their state. scaling.py is its command line.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import itertools
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -225,13 +226,33 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(report: dict[str, Any], path: Path, source: dict[str, str]) -> None:
+@contextlib.contextmanager
+def png_axes(path: Path, source: dict[str, str], size: tuple[float, float], dpi: int = 120) -> Iterator[Any]:
+    """Axes to draw on; once the block ends, the figure is written to `path` as a PNG whose
+    metadata names what it shows (files.drawn_from), replaced whole and never through a link. A
+    block that raises writes nothing. matplotlib is needed only here, by the commands that draw."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4.5))
+    fig, ax = plt.subplots(figsize=size)
+    try:
+        yield ax
+        fig.tight_layout()
+        image = io.BytesIO()
+        fig.savefig(image, format="png", dpi=dpi, metadata=source)
+        write_bytes_atomic(path, image.getvalue())
+    finally:
+        plt.close(fig)
+
+
+def plot(report: dict[str, Any], path: Path, source: dict[str, str]) -> None:
+    with png_axes(path, source, (6, 4.5)) as ax:
+        _draw_speedups(report, ax)
+
+
+def _draw_speedups(report: dict[str, Any], ax: Any) -> None:
     series: dict[tuple[int, str], list[tuple[int, float]]] = {}
     for r in report["runs"]:
         if r["speedup"] is not None:
@@ -247,8 +268,3 @@ def plot(report: dict[str, Any], path: Path, source: dict[str, str]) -> None:
     ax.set_title(f"Scaling study {report['study']}")
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    image = io.BytesIO()
-    fig.savefig(image, format="png", dpi=120, metadata=source)
-    write_bytes_atomic(path, image.getvalue())  # replaced whole, never written through a link
-    plt.close(fig)

@@ -38,7 +38,9 @@ def test_lr_scaling_report_pairs_seeds_and_judges_the_goals(tmp_path: Path) -> N
     """bench/lr_scaling.py report on recorded rows: the reference lr is the best at 1x, goals are
     paired differences on shared seeds, RAdam's forms (beta2 0.999 / 0.99 / 0.95) are cells of
     their own and the best at 2x is the one the goal judges, the cells not run yet are 'not
-    measured yet'."""
+    measured yet'. The plot replaces what stood at its path whole, never writing through a link."""
+    (tmp_path / "lr.png").symlink_to(tmp_path / "kept.png")
+    (tmp_path / "kept.png").write_bytes(b"another file")
     out = _report(_recorded_rows(), tmp_path, "--png", str(tmp_path / "lr.png"))
     assert "reference learning rate at 4 samples/step (best mean F1 at 1x, seeds 42, 43, 44): 0.0001" in out
     assert "Goals, with the best rule at 8x (sqrt):" in out
@@ -52,7 +54,8 @@ def test_lr_scaling_report_pairs_seeds_and_judges_the_goals(tmp_path: Path) -> N
     assert "| radam | 2 | 8 | sqrt | 0.0001 | 0.000141 | 0 | 0.999 | 3 | 5 | 43.00 ± " in out
     assert "| radam | 2 | 8 | sqrt | 0.0001 | 0.000141 | 0 | 0.99 | 3 | 5 | 50.00 ± " in out
     assert "| adamw | 8 | 32 | linear | 0.0001 | 0.0008 | 0.1 | 0.999 | 3 | 5 | 46.94 ± " in out
-    assert (tmp_path / "lr.png").stat().st_size > 10_000
+    assert (tmp_path / "lr.png").stat().st_size > 10_000 and not (tmp_path / "lr.png").is_symlink()
+    assert (tmp_path / "kept.png").read_bytes() == b"another file"
 
 
 def test_lr_scaling_report_judges_the_sweeps_the_radam_forms_and_the_longer_run(tmp_path: Path) -> None:

@@ -173,6 +173,22 @@ def test_a_study_that_draws_its_own_plot_draws_only_that(
     assert drawn == [(paths[2], drawn_from("report.json", paths[0].read_bytes()))]
 
 
+def test_a_plot_that_fails_while_drawing_leaves_the_one_before(tmp_path: Path) -> None:
+    """Every plot goes through scaling_report.png_axes: written whole once drawn, naming its
+    source; a drawing that raises leaves the file that was there."""
+    from extractive_qa import scaling_report
+
+    png = tmp_path / "report.png"
+    with scaling_report.png_axes(png, {"Source": "a.json sha256:1"}, (3, 2)) as ax:
+        ax.plot([1, 2], [1, 2])
+    before = png.read_bytes()
+    assert png_text(before)["Source"] == "a.json sha256:1"
+    with pytest.raises(KeyError), scaling_report.png_axes(png, {"Source": "b.json sha256:2"}, (3, 2)) as ax:
+        ax.plot([1, 2], [2, 1])
+        raise KeyError("a field the report lacks")
+    assert png.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["report.png"]
+
+
 def test_study_without_finished_runs_is_an_error() -> None:
     with pytest.raises(scaling.ScalingError, match="study s9: no finished runs"):
         scaling.build_report([_run("x", 1, 8, [], state="ERROR")], "s9")
