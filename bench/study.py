@@ -29,10 +29,11 @@ from extractive_qa.files import ROOT
 from tests.support.cli_result import last_json
 
 # What a study's runs train in unless its cells vary it: fp32 with torch's own dropout masks, not
-# the YAML's `precision: auto` and fast masks, which differ by CPU. In it a run depends little on
-# the CPU it ran on: of the learning-rate study's rows re-run on another x86 CPU, most reproduced
-# their EM and F1 exactly, not every one (the others moved by 0.1 F1 at most) -- so a study's rows
-# are measured on one machine, and its file names that machine.
+# the YAML's `precision: auto` and fast masks, which differ by CPU. Even so a run is not the same
+# on every CPU: of the learning-rate study's rows re-run on another x86 CPU, most reproduced their
+# EM and F1 exactly, a few moved in the last digits, and a run on the edge of divergence (LAMB at
+# its highest lr) moved by points of F1. So a study's rows come from one machine, which its file
+# names, and a paired difference pairs seeds run there.
 FP32 = "hyperparameters.precision=fp32"
 TORCH_MASKS = "hyperparameters.dropout_masks=torch"
 
