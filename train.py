@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from extractive_qa import cli, compat, det_internals  # cli first: a Ctrl-C while the rest loads
+from extractive_qa import buckets, cli, compat, det_internals  # cli first: a Ctrl-C while the rest loads
 from extractive_qa.config import run_plan
 from extractive_qa.config.experiment import RunOptions, run_source, settings_table
 from extractive_qa.dry_run import dry_run
@@ -139,8 +139,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     # (filtered by .detignore) into each checkpoint's code/.
     args.config = args.config.resolve()
     args.checkpoint_dir = args.checkpoint_dir.resolve()
-    if args.resume and args.resume not in ("latest", "auto"):
-        args.resume = Path(args.resume).resolve()
+    if args.resume and args.resume not in ("latest", "auto") and not buckets.is_url(args.resume):
+        args.resume = Path(args.resume).resolve()  # an s3:// or gs:// URL stays as typed
     args.metrics_out = args.metrics_out.resolve() if args.metrics_out else None
     for name in ("batches", "epochs"):
         value = getattr(args, name)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -229,6 +230,38 @@ def restore_id(path: Path) -> str:
     if not path.is_absolute():
         raise ValueError(f"{path}: a restore id must be an absolute path")
     return str(path)
+
+
+@contextlib.contextmanager
+def restore_where_it_lies() -> Iterator[None]:
+    """A cluster trial restores the resume's private copy from where it lies, whatever the storage.
+
+    Determined restores the checkpoint handed to Trainer.fit through core.checkpoint.restore_path
+    (pytorch/_pytorch_trial.py:444, core/_checkpoint.py:599), which asks the storage manager. For
+    shared_fs an absolute id is the path itself (restore_id). S3 and GCS's CloudStorageManager
+    (common/storage/cloud.py:12-23) would instead download the id as a key prefix into its temp
+    directory and remove that directory afterwards: with the private copy's path as the id it
+    finds nothing, and it would delete the copy. While this is active an absolute id -- only
+    restore_id makes one; a master's ids are UUIDs -- is yielded as the path it names, on every
+    rank alike (no collective is skipped by only some), and any other id goes to Determined as
+    before."""
+    from determined.core import _checkpoint
+
+    original = _checkpoint.CheckpointContext.restore_path
+
+    @contextlib.contextmanager
+    def restore_path(self: Any, storage_id: str, *args: Any, **kwargs: Any) -> Iterator[Path]:
+        if os.path.isabs(storage_id):
+            yield Path(storage_id)
+            return
+        with original(self, storage_id, *args, **kwargs) as path:
+            yield path
+
+    _checkpoint.CheckpointContext.restore_path = restore_path
+    try:
+        yield
+    finally:
+        _checkpoint.CheckpointContext.restore_path = original
 
 
 class SearcherStopWatch:

@@ -16,7 +16,10 @@ from tests.support.project import ROOT
 PACKAGE = ROOT / "extractive_qa"
 ENTRY_SCRIPTS = {p.stem for p in ROOT.glob("*.py")}
 # The stages in the order a run goes through them; the base serves them all.
-BASE = ("errors", "reading", "model_files", "cli", "det_internals", "files", "output_rules", "compat")
+BASE = (
+    "errors", "reading", "model_files", "cli", "det_internals", "files", "private_dir", "buckets",
+    "output_rules", "compat",
+)  # fmt: skip
 STAGES = ("config", "data", "qa", "resume", "trial", "launch", "serve")
 TOP = ("dry_run", "scaling_runs", "scaling_report")
 # Past this, a module says in its docstring why it is still one idea ("One idea: ...").

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from extractive_qa import det_internals, reading
+from extractive_qa import buckets, det_internals, reading
 from extractive_qa.config.schema import SEARCHER_KEYS, SECTION_KEYS, TOP_LEVEL_KEYS, check_config
 from extractive_qa.config.settings import DataSettings, Hyperparameters, settings_help
 from extractive_qa.errors import ConfigError
@@ -256,7 +256,7 @@ class Source:
     on_cluster: bool
     latest_checkpoint: str | None = None  # the storage id Determined restores (resume.restore's copy)
     steps_completed: int = 0
-    checkpoint_path: Path | None = None  # a cluster's latest checkpoint on shared_fs, to verify
+    checkpoint_path: Path | buckets.Location | None = None  # a cluster's latest checkpoint, to verify
 
 
 def from_cluster(info: Any) -> Source:
@@ -269,8 +269,15 @@ def from_cluster(info: Any) -> Source:
         on_cluster=True,
         latest_checkpoint=latest,
         steps_completed=det_internals.steps_completed(info),
-        checkpoint_path=det_internals.shared_fs_checkpoint(exp_conf, latest) if latest else None,
+        checkpoint_path=latest_checkpoint_at(exp_conf, latest) if latest else None,
     )
+
+
+def latest_checkpoint_at(exp_conf: dict[str, Any], uuid: str) -> Path | buckets.Location | None:
+    """Where the master's latest checkpoint lies: a directory on shared_fs, or its place in an S3
+    or GCS bucket (None for other storage, which Determined then restores itself)."""
+    storage = exp_conf.get("checkpoint_storage") or {}
+    return det_internals.shared_fs_checkpoint(exp_conf, uuid) or buckets.from_storage(storage, uuid)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from typing import Any
 
 from determined import pytorch
 
+from extractive_qa import det_internals
 from extractive_qa.config import run_plan
 from extractive_qa.launch import local_run
 from extractive_qa.resume.restore import restore_on_cluster
@@ -33,8 +34,8 @@ class ClusterRun:
         return None
 
     def restore(self, context: Any, cleanup: contextlib.ExitStack) -> None:
-        """The master's latest checkpoint, before model and data: rewritten per machine by the
-        resume guard, and that copy is what Determined restores."""
+        """The master's latest checkpoint (shared_fs or a bucket), before model and data: rewritten
+        per machine by the resume guard, and that copy is what Determined restores."""
         if self.source.checkpoint_path is not None:
             self.source.latest_checkpoint = restore_on_cluster(
                 context.distributed, self.source.checkpoint_path, self.expected, cleanup
@@ -47,7 +48,8 @@ class ClusterRun:
         return None
 
     def fit(self, trainer: pytorch.Trainer, trial: Any, context: Any) -> None:
-        trainer.fit(**self.plan.fit_kwargs(self.source.latest_checkpoint, True))
+        with det_internals.restore_where_it_lies():  # the private copy, on any checkpoint_storage
+            trainer.fit(**self.plan.fit_kwargs(self.source.latest_checkpoint, True))
 
     def report(self, slots: int) -> None:
         """The master already holds every report."""

@@ -19,15 +19,16 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from extractive_qa import det_internals, reading
-from extractive_qa.errors import ConfigError
+from extractive_qa import buckets, det_internals, reading
+from extractive_qa.errors import ConfigError, DataError
+from extractive_qa.private_dir import private_root
 from extractive_qa.resume.identity import (
     checkpoint_identity,
     finished_result,
     identity_changes,
     steps_completed,
 )
-from extractive_qa.resume.rewrite import REQUIRED, ExpectedState, rewrite
+from extractive_qa.resume.rewrite import REQUIRED, ExpectedState, rewrite, source_limits
 
 logger = logging.getLogger("squad")
 
@@ -37,36 +38,6 @@ logger = logging.getLogger("squad")
 
 PRIVATE_PREFIX = "resume-"
 OWNER = ".owner"  # "<uid> <token>", held (flock) by the process whose resume made the directory
-
-
-def private_root() -> Path:
-    """The directory a resume's checked copies live in: <temp dir>/extractive-qa-<uid>, made 0700
-    by this user on this machine, with every ancestor owned by this user or root and writable by
-    no one else (or sticky, as /tmp is: no one else can rename an entry there). Nobody else can
-    then rename, replace or plant anything inside it -- unlike a storage root, which Determined
-    makes 0777 for shared_fs."""
-    uid = os.getuid()
-    base = Path(os.path.realpath(tempfile.gettempdir()))
-    for ancestor in (base, *base.parents):
-        info = os.stat(ancestor)
-        if info.st_uid not in (0, uid) or (info.st_mode & 0o022 and not info.st_mode & stat.S_ISVTX):
-            raise ConfigError(
-                f"{ancestor}: other users can write there, so a resume cannot keep its checked copy of "
-                "the checkpoint safe under it. Set TMPDIR to a directory only you (or root) can write."
-            )
-    root = base / f"extractive-qa-{uid}"
-    try:
-        os.mkdir(root, 0o700)
-    except FileExistsError:
-        pass
-    info = os.lstat(root)
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != uid or stat.S_IMODE(info.st_mode) & 0o077:
-        raise ConfigError(
-            f"{root}: the directory a resume keeps its checked copy in is not this user's alone "
-            f"(owner {info.st_uid}, mode {stat.S_IMODE(info.st_mode):o}; a link or another user's). "
-            "Remove it, or set TMPDIR to a directory only you can write, and resume again."
-        )
-    return root
 
 
 class PrivateCopy:
@@ -210,22 +181,25 @@ def terminated_as_interrupt() -> Iterator[None]:
 
 
 def verify_per_machine(
-    distributed: Any, checkpoint: Path, what: str, expected: Callable[[], ExpectedState]
+    distributed: Any, checkpoint: Path | buckets.Location, what: str, expected: Callable[[], ExpectedState]
 ) -> tuple[str, PrivateCopy | None]:
-    """A cluster's checkpoint on shared_fs: each machine's local chief rewrites it into a private
-    directory on its own machine (private_root: no other user can reach it, which a directory in
-    the shared storage could not promise), from its decoded contents -- once per machine, not once
-    per rank -- and its local ranks restore that copy. A damaged or foreign checkpoint stops every
-    rank with the same message (exit 2). Returns the copy's storage id and, on a local chief, the
-    copy (None elsewhere) to remove after the run."""
+    """A cluster's checkpoint, on shared_fs or in a bucket: each machine's local chief rewrites it
+    into a private directory on its own machine (private_root: no other user can reach it, which a
+    directory in the shared storage could not promise), from its decoded contents -- once per
+    machine, not once per rank -- and its local ranks restore that copy. From a bucket the local
+    chief first downloads the files a resume reads, each within its limit by the listing, into a
+    private directory of its own (removed once rewritten). A damaged, foreign or unreadable
+    checkpoint stops every rank with the same message (exit 2). Returns the copy's storage id and,
+    on a local chief, the copy (None elsewhere) to remove after the run."""
     verdict: dict[str, Any] | None = None
     private: PrivateCopy | None = None
     if distributed.local_rank == 0:
-        logger.info("verifying %s %s for the %d local rank(s)", what, checkpoint, distributed.local_size)
+        shown = checkpoint.url if isinstance(checkpoint, buckets.Location) else checkpoint
+        logger.info("verifying %s %s for the %d local rank(s)", what, shown, distributed.local_size)
         try:
-            private, steps = prepare_resume(checkpoint, expected(), what)
+            private, steps = _rewrite_cluster_checkpoint(checkpoint, expected(), what)
             verdict = {"steps": steps, "private": det_internals.restore_id(private.path)}
-        except ConfigError as err:
+        except (ConfigError, DataError) as err:
             verdict = {"error": str(err)}
     errors = [v["error"] for v in distributed.allgather(verdict) if v is not None and "error" in v]
     if errors:
@@ -236,8 +210,25 @@ def verify_per_machine(
     return str(restore), private
 
 
+def _rewrite_cluster_checkpoint(
+    checkpoint: Path | buckets.Location, expected: ExpectedState, what: str
+) -> tuple[PrivateCopy, int]:
+    if not isinstance(checkpoint, buckets.Location):
+        return prepare_resume(checkpoint, expected, what)
+    limits = source_limits(expected)
+    with buckets.downloaded(checkpoint, what, limits.__getitem__, limits.__contains__) as local:
+        logger.info("%s %s: downloaded %s", what, checkpoint.url, ", ".join(sorted(limits)))
+        try:
+            return prepare_resume(local, expected, what)
+        except ConfigError as err:  # named by the bucket's URL, not the download's directory
+            raise ConfigError(str(err).replace(str(local), checkpoint.url)) from None
+
+
 def restore_on_cluster(
-    distributed: Any, checkpoint: Path, expected: Callable[[], ExpectedState], cleanup: contextlib.ExitStack
+    distributed: Any,
+    checkpoint: Path | buckets.Location,
+    expected: Callable[[], ExpectedState],
+    cleanup: contextlib.ExitStack,
 ) -> str:
     """The storage id every rank of a cluster trial restores: its machine's rewritten copy of the
     master's latest checkpoint (verify_per_machine), which the local chief removes after the run."""
@@ -297,8 +288,11 @@ def latest_checkpoint(storage: Path, identity: dict[str, Any], flag: str) -> Pat
 
 
 def resume_from(resume: str | Path, checkpoint_dir: Path, identity: dict[str, Any]) -> Path | None:
-    """The checkpoint --resume names (None: `auto` found none of this run, start fresh)."""
+    """The checkpoint --resume names (None: `auto` found none of this run, start fresh); one in a
+    bucket (s3://, gs://) is downloaded once into this user's private directory and read there."""
     storage = checkpoint_dir / "determined"
+    if buckets.is_url(resume):
+        return buckets.cached_checkpoint(str(resume), "--resume")
     if resume not in ("auto", "latest"):
         return Path(resume)
     found = latest_checkpoint(storage, identity, str(resume))

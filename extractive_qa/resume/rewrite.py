@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from extractive_qa import reading
 from extractive_qa.errors import ConfigError
 from extractive_qa.resume.archive import (
     PICKLE_LIMIT,
@@ -51,6 +52,15 @@ MAX_RANKS = 4096
 STATE, TRIAL_STATE, METADATA = "state_dict.pth", "trial_state.pkl", "metadata.json"
 RECORDS = (METADATA, "load_data.json", IDENTITY_RECORD)  # JSON, parsed and written again
 REQUIRED = (STATE, TRIAL_STATE, METADATA)
+
+
+def source_limits(expected: ExpectedState) -> dict[str, int]:
+    """Every file a resume reads from a checkpoint, with the most bytes the rewrite's reads allow
+    it: what a download of a checkpoint to resume fetches, and nothing else."""
+    return {STATE: expected.state_limit, TRIAL_STATE: reading.RECORD.bytes} | dict.fromkeys(
+        RECORDS, reading.RECORD.bytes
+    )
+
 
 # Determined's _TrialState (pytorch/_trainer_utils.py:121-137): trial_state.pkl is vars() of it.
 TRIAL_STATE_FIELDS = ("trial_id", "last_ckpt", "step_id", "last_val", "batches_trained", "epochs_trained")

@@ -1,6 +1,6 @@
 """Where a checkpoint's model for answering is: a checkpoint directory train.py or a cluster wrote,
-its hf/ export, a directory export.py wrote, or a Determined checkpoint UUID (downloaded through
-the Determined SDK when a master is reachable).
+its hf/ export, a directory export.py wrote, a Determined checkpoint UUID (downloaded through
+the Determined SDK when a master is reachable) or a checkpoint's s3:// or gs:// URL.
 """
 
 from __future__ import annotations
@@ -16,14 +16,19 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from extractive_qa import buckets
 from extractive_qa.errors import DataError
+from extractive_qa.private_dir import private_root
 from extractive_qa.qa import qa_settings
 
 UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
 
 def find_hf_dir(checkpoint: str) -> Path:
-    """The hf/ export inside a checkpoint (downloading a UUID through the Determined SDK)."""
+    """The hf/ export inside a checkpoint (downloading a UUID through the Determined SDK, an
+    s3:// or gs:// URL from its bucket)."""
+    if buckets.is_url(checkpoint):
+        return _hf_dir_of(buckets.cached_checkpoint(checkpoint, "--checkpoint"), checkpoint)
     path = Path(checkpoint)
     if not path.exists() and UUID.match(checkpoint):
         path = download_checkpoint(checkpoint)
@@ -46,13 +51,11 @@ def _hf_dir_of(path: Path, checkpoint: str) -> Path:
 
 def download_checkpoint(uuid: str) -> Path:
     """The checkpoint UUID, downloaded once through the Determined SDK into this user's private
-    directory (resume.restore.private_root()/checkpoints/UUID) and reused by later calls. A
+    directory (private_dir.private_root()/checkpoints/UUID) and reused by later calls. A
     download lands in a new directory beside it, each file the master lists must be there with
     the size it records, and only then is it renamed into place whole: an interrupted or short
     download is never used, and is removed."""
     from determined.experimental import client
-
-    from extractive_qa.resume.restore import private_root
 
     master = os.environ.get("DET_MASTER")
     if not master:

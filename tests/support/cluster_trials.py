@@ -71,14 +71,16 @@ def assert_same(a: dict[str, Any], b: dict[str, Any]) -> None:
 def assert_equals_one_process_evaluation(cluster: Any, tmp: Path) -> None:
     """The trial's last validation scores what predict.py + squad_metric.py, one process,
     score on the same checkpoint."""
-    ckpt = cluster.storage / cluster.master.checkpoints[-1].uuid
+    ckpt = cluster.checkpoint_dir(cluster.master.checkpoints[-1].uuid)
     single = one_process_scores(ckpt, DEV_V1, tmp)
     val = cluster.master.validations()[-1]["metrics"]
     assert single["exact_match"] == val["exact_match"] and single["f1"] == val["f1"]
 
 
-def trial_run(tmp: Path, conf: dict, hp: dict, slots: int = 1, **kw: Any) -> tuple[Any, Any]:
-    with det_cluster.emulated_cluster(tmp) as cluster:
+def trial_run(
+    tmp: Path, conf: dict, hp: dict, slots: int = 1, store: Any = None, **kw: Any
+) -> tuple[Any, Any]:
+    with det_cluster.emulated_cluster(tmp, store=store) as cluster:
         if "on_report" in kw:
             cluster.master.on_report = kw.pop("on_report")(cluster)
         record = cluster.run_trial(conf, hp, slots_per_container=slots, timeout=400, **kw)

@@ -115,15 +115,20 @@ class Cluster:
         workdir: Path,
         env: dict[str, str] | None = None,
         machines: list[tuple[str, str]] | None = None,
+        store: Any = None,
     ):
         self.master = master
         # (network namespace, address) per container rank: separate hosts (tests/support/det_netns.py);
         # None: every container on this host's loopback.
         self.machines = machines
         self.storage = storage  # shared_fs host_path
-        master.checkpoint_storage = {"type": "shared_fs", "host_path": str(storage)}
+        # An S3 or GCS bucket on loopback (tests/support/object_stores.py) instead of shared_fs:
+        # the trial is handed its checkpoint_storage, the containers the SDK's variables.
+        self.store = store
+        shared_fs = {"type": "shared_fs", "host_path": str(storage)}
+        master.checkpoint_storage = store.storage() if store else shared_fs
         self.workdir = workdir
-        self.extra_env = env or {}
+        self.extra_env = {**(store.env if store and store.kind == "gcs" else {}), **(env or {})}
         storage.mkdir(parents=True, exist_ok=True)
         workdir.mkdir(parents=True, exist_ok=True)
         self.run_id = 0
@@ -133,6 +138,8 @@ class Cluster:
         schemas through ../shared/tools/expconf_defaults.py where present), shared_fs storage."""
         import yaml
 
+        if self.store is not None:
+            conf = {**conf, "checkpoint_storage": self.store.storage()}
         if EXPCONF_DEFAULTS.is_file():
             path = self.workdir / f"exp-{uuid.uuid4().hex[:8]}.yaml"
             path.write_text(yaml.safe_dump(conf))
@@ -145,8 +152,7 @@ class Cluster:
             return json.loads(out.stdout)
         conf = experiment.with_master_defaults(conf)
         conf["checkpoint_storage"] = {
-            "type": "shared_fs",
-            "host_path": str(self.storage),
+            **(self.store.storage() if self.store else {"type": "shared_fs", "host_path": str(self.storage)}),
             "save_experiment_best": 0,
             "save_trial_best": 1,
             "save_trial_latest": 1,
@@ -208,6 +214,17 @@ class Cluster:
             env["DET_LATEST_CHECKPOINT"] = latest.uuid
         env.update(self.extra_env)
         return env
+
+    def checkpoint_dir(self, uuid: str) -> Path:
+        """A checkpoint the trial reported, as a directory here: in the shared_fs storage, or
+        downloaded from the bucket (once) with Determined's own storage manager."""
+        if self.store is None:
+            return self.storage / uuid
+        target = self.workdir / "downloaded" / uuid
+        if not target.is_dir():
+            with self.store.environment():
+                self.store.manager().download(uuid, target)
+        return target
 
     def host_tmp_entries(self) -> list[Path]:
         """The top-level /tmp entries a container still needs to see: this cluster's files
@@ -368,9 +385,12 @@ def rank_pids(alloc: Allocation, rank: int) -> list[int]:
 
 
 @contextlib.contextmanager
-def emulated_cluster(tmp: Path, env: dict[str, str] | None = None, network: Any = None) -> Iterator[Cluster]:
+def emulated_cluster(
+    tmp: Path, env: dict[str, str] | None = None, network: Any = None, store: Any = None
+) -> Iterator[Cluster]:
     """A stand-in master and its agents; with `network` (tests/support/det_netns.py) each container runs
-    on its own host and the master listens on a host of its own."""
+    on its own host and the master listens on a host of its own; with `store` checkpoints go to
+    that S3 or GCS bucket."""
     if network is None:
         master = Master()
         machines = None
@@ -378,7 +398,7 @@ def emulated_cluster(tmp: Path, env: dict[str, str] | None = None, network: Any 
         master = Master(host=network.master[1], netns=network.master[0])
         machines = network.machines
     try:
-        yield Cluster(master, tmp / "shared_fs", tmp / "agent", env, machines)
+        yield Cluster(master, tmp / "shared_fs", tmp / "agent", env, machines, store)
     finally:
         master.close()
 

@@ -1,0 +1,204 @@
+"""Checkpoints in S3 and GCS, against the real APIs on loopback (moto's S3 server,
+gcp-storage-emulator): a checkpoint uploaded by Determined's own storage manager comes back whole
+through an s3:// or gs:// URL; predict.py, export.py and train.py --resume take the URL; what a
+bucket can hold that is not a checkpoint, or not the listed one, gets one line and exit 2 with
+nothing half-written; a planted pickle in a bucket runs nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from extractive_qa import buckets, reading
+from tests.support import object_stores
+from tests.support.project import DEV_V1, completed, run_train
+
+QUESTION = ["--question", "Who won the title?", "--context", "Denver won the title in 2016."]
+
+
+@pytest.fixture(scope="module", params=object_stores.KINDS)
+def store(request: pytest.FixtureRequest) -> Iterator[object_stores.ObjectStore]:
+    with object_stores.object_store(request.param) as store:
+        yield store
+
+
+@pytest.fixture
+def private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, store: object_stores.ObjectStore) -> Path:
+    """This test's own private directory (private_root() lives under the temp dir), with the
+    bucket's endpoint and keys in the environment, as a user sets them."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    for key, value in store.env.items():
+        monkeypatch.setenv(key, value)
+    return tmp_path / "tmp" / f"extractive-qa-{os.getuid()}"
+
+
+def uploaded(store: object_stores.ObjectStore, checkpoint: Path, name: str) -> str:
+    """The checkpoint uploaded as a trial uploads it (Determined's storage manager): its URL."""
+    store.upload(checkpoint, name)
+    return store.url(name)
+
+
+def config_of(checkpoint: Path) -> Path:
+    """The config the `trained` fixture's run was given (beside its --checkpoint-dir)."""
+    return checkpoint.parents[2] / "exp.yaml"
+
+
+def tree(root: Path) -> dict[str, bytes | None]:
+    """Every file's bytes and every directory (None) under root, by relative path."""
+    return {
+        str(p.relative_to(root)): (None if p.is_dir() else p.read_bytes()) for p in sorted(root.rglob("*"))
+    }
+
+
+def test_a_checkpoint_goes_up_and_comes_back_whole_once(trained, store, private: Path) -> None:
+    """Every file of the checkpoint (state, records, hf/, the code copy) and every empty directory
+    comes back byte for byte; the bytes down equal the bytes up; a second call reuses the copy."""
+    ckpt, _ = trained
+    (ckpt / "empty-dir").mkdir(exist_ok=True)
+    try:
+        url = uploaded(store, ckpt, "whole")
+        listed = store.listing(f"{object_stores.PREFIX}/whole/")
+        copy = buckets.cached_checkpoint(url, "--checkpoint")
+        assert tree(copy) == tree(ckpt)
+    finally:
+        (ckpt / "empty-dir").rmdir()
+    assert sum(listed.values()) == sum(p.stat().st_size for p in ckpt.rglob("*") if p.is_file())
+    assert {k for k in listed if k.endswith("/")} >= {f"{object_stores.PREFIX}/whole/hf/"}
+    assert copy.parent == private / "checkpoints" and (private / "checkpoints").stat().st_mode & 0o077 == 0
+    store.delete(f"{object_stores.PREFIX}/whole/")
+    assert buckets.cached_checkpoint(url, "--checkpoint") == copy  # from the copy: the bucket is empty
+
+
+def test_predict_export_and_resume_take_a_bucket_url(trained, store, private: Path, tmp_path: Path) -> None:
+    """predict.py and export.py --checkpoint s3://… / gs://… answer as the local checkpoint does;
+    train.py --resume URL continues it exactly as --resume DIR does."""
+    ckpt, _ = trained
+    url = uploaded(store, ckpt, "served")
+    local = completed(
+        ["predict.py", "--checkpoint", str(ckpt), "--squad", str(DEV_V1), "--out", str(tmp_path / "a.json")]
+    )
+    remote = completed(
+        ["predict.py", "--checkpoint", url, "--squad", str(DEV_V1), "--out", str(tmp_path / "b.json")]
+    )
+    assert local.returncode == 0 and remote.returncode == 0, remote.stderr
+    assert f"--checkpoint {url}: downloaded" in remote.stderr
+    assert json.loads((tmp_path / "b.json").read_text()) == json.loads((tmp_path / "a.json").read_text())
+    exported = completed(["export.py", "--checkpoint", url, "--out", str(tmp_path / "exported")])
+    assert exported.returncode == 0 and "the copy downloaded before" in exported.stderr, exported.stderr
+    common = ["--config", str(config_of(ckpt)), "--checkpoint-dir", str(tmp_path / "out"), "--batches", "8"]
+    code, by_url, err = run_train([*common, "--resume", url])
+    assert code == 0, err
+    code, by_dir, err = run_train([*common, "--resume", str(ckpt)])
+    assert code == 0, err
+    assert by_url["steps_completed"] == by_dir["steps_completed"] == 8
+    assert (by_url["last_train_loss"], by_url["f1"]) == (by_dir["last_train_loss"], by_dir["f1"])
+
+
+def _refused(url: str, *extra: str) -> str:
+    out = completed(["predict.py", "--checkpoint", url, *QUESTION, *extra])
+    assert out.returncode == 2, (out.returncode, out.stderr)
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert "Traceback" not in out.stderr and len(lines) == 1, out.stderr
+    return lines[0]
+
+
+def test_what_is_not_a_checkpoint_is_named_in_one_line(trained, store, private: Path) -> None:
+    ckpt, _ = trained
+    scheme, bucket = store.scheme, store.bucket
+    assert "no checkpoint there" in _refused(f"{scheme}://{bucket}/{object_stores.PREFIX}/nothing-here")
+    store.put(f"{object_stores.PREFIX}/a-file", b"{}")
+    assert "an object, not a checkpoint directory" in _refused(
+        f"{scheme}://{bucket}/{object_stores.PREFIX}/a-file"
+    )
+    store.put(f"{object_stores.PREFIX}/not-one/notes.txt", b"hello")
+    assert "no metadata.json" in _refused(f"{scheme}://{bucket}/{object_stores.PREFIX}/not-one")
+    assert "cannot read the bucket" in _refused(f"{scheme}://no-such-bucket/{object_stores.PREFIX}/x")
+    assert "not a checkpoint URL" in _refused(f"{scheme}://{bucket}")
+    assert not list((private / "checkpoints").iterdir())
+
+
+def test_an_object_over_its_limit_is_refused_from_the_listing(
+    trained, store, private: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ckpt, _ = trained
+    url = uploaded(store, ckpt, "large")
+    fetched: list[str] = []
+    monkeypatch.setattr(buckets.BoundedWriter, "write", lambda self, data: fetched.append(self.shown))
+    monkeypatch.setattr(reading, "MODEL_FILE", reading.Kind("model file", 1000))
+    line = _refused(url)
+    assert (
+        "more than such a file of a checkpoint holds (1,000)" in line and "refused before downloading" in line
+    )
+    assert fetched == [] and not list((private / "checkpoints").iterdir())
+
+
+@pytest.mark.parametrize("off_by", [1, -1], ids=["cut-short", "grew"])
+def test_an_object_that_differs_from_its_listing_is_refused(
+    trained, store, private: Path, monkeypatch: pytest.MonkeyPatch, off_by: int
+) -> None:
+    """The listing says one size and another arrives (the object changed between the two, or the
+    connection was cut): refused, and no copy is kept."""
+    ckpt, _ = trained
+    url = uploaded(store, ckpt, "changing")
+    listed = buckets.list_checkpoint
+
+    def listing_of_another_size(*args, **kwargs):
+        entries = listed(*args, **kwargs)
+        return [buckets.Entry(e.name, e.size + off_by) if e.name == "hf/config.json" else e for e in entries]
+
+    monkeypatch.setattr(buckets, "list_checkpoint", listing_of_another_size)
+    line = _refused(url)
+    assert "hf/config.json" in line
+    assert ("cut short" in line) if off_by > 0 else ("more bytes arrived" in line)
+    assert not list((private / "checkpoints").iterdir())
+
+
+def test_an_endpoint_that_is_down_is_answered_in_seconds(store, private: Path, monkeypatch) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # nobody listens there once closed
+    variable = "AWS_ENDPOINT_URL" if store.kind == "s3" else "STORAGE_EMULATOR_HOST"
+    monkeypatch.setenv(variable, f"http://127.0.0.1:{port}")
+    start = time.monotonic()
+    line = _refused(store.url("anything"))
+    assert time.monotonic() - start < 30 and "cannot read the bucket" in line and "endpoint" in line
+
+
+def test_wrong_credentials_are_named(store, private: Path) -> None:
+    if store.kind != "s3":
+        pytest.skip("gcp-storage-emulator checks no credentials")
+    with object_stores.refuse_unknown_keys(store):
+        line = _refused(store.url("anything"))
+    assert "credentials were refused" in line
+
+
+def test_a_planted_pickle_in_a_bucket_runs_nothing(trained, store, private: Path, tmp_path: Path) -> None:
+    """train.py --resume s3://… of a checkpoint whose trial_state.pkl would run a command: the
+    download goes through the resume guard like a local directory, and nothing runs."""
+    import pickle
+
+    ckpt, _ = trained
+    planted = tmp_path / "planted"
+    shutil.copytree(ckpt, planted)
+    marker = tmp_path / "ran"
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    (planted / "trial_state.pkl").write_bytes(pickle.dumps(Payload()))
+    url = uploaded(store, planted, "planted")
+    code, _, err = run_train(
+        ["--config", str(config_of(ckpt)), "--checkpoint-dir", str(tmp_path / "out"), "--resume", url]
+    )
+    assert code == 2 and "trial_state.pkl" in err, err
+    assert not marker.exists()
