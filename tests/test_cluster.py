@@ -1,6 +1,6 @@
 """The trial as a Determined 0.38.1 cluster runs it (tests/support/det_cluster.py): one and two
 slots, local.yaml from the upload, a pause, a killed rank, a searcher stop, a truncated latest
-checkpoint. Only model, data, lengths and slots differ from the repo's YAMLs."""
+checkpoint, a checkpoint planted in a bucket -- on shared_fs and on S3 and GCS on loopback. Only model, data, lengths and slots differ from the repo's YAMLs."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import yaml
 
 from extractive_qa.config import experiment, run_plan
 from extractive_qa.qa import mixed_precision
-from tests.support import det_cluster
+from tests.support import det_cluster, object_stores
 from tests.support.cluster_trials import (
     WHY_NOT,
     assert_equals_one_process_evaluation,
@@ -41,24 +41,25 @@ from tests.support.project import DEV_V1, ROOT
 
 
 @needs_containers
+@pytest.mark.parametrize("storage", ["gcs"], indirect=True)
 def test_one_slot_trains_validates_checkpoints_and_profiles_like_a_cluster(
-    tiny_bert: Path, tmp_path: Path
+    tiny_bert: Path, tmp_path: Path, storage: Any
 ) -> None:
     """One slot shaped like const.yaml: the master receives training and validation reports, the
     checkpoint (with hf/ and its model card holding the master's scores), Determined-format logs,
     and -- const.yaml's `profiling: {enabled: true}` reaching Trainer.fit -- the profiler's system
-    metrics (every ~10 s, so this run trains long enough for a few)."""
+    metrics (every ~10 s, so this run trains long enough for a few); checkpoints go to GCS."""
     batches = 600
     conf, hp = shaped_like("const.yaml", tiny_bert, tmp_path, batches=batches, slots=1)
     assert conf["profiling"] == {"enabled": True}
-    cluster, record = trial_run(tmp_path, conf, hp)
+    cluster, record = trial_run(tmp_path, conf, hp, store=storage)
     assert record.exit_codes == [0], record.failures()
     val = cluster.master.validations()[-1]
     assert val["steps_completed"] == batches and val["metrics"]["batches"] == batches
     assert {"exact_match", "f1"} <= set(val["metrics"])
     ckpt = cluster.master.checkpoints[-1]
     assert ckpt.steps_completed == batches and "hf/model.safetensors" in ckpt.resources
-    path = cluster.storage / ckpt.uuid  # shared_fs host_path/UUID
+    path = cluster.checkpoint_dir(ckpt.uuid)  # downloaded from the bucket
     from transformers import AutoModelForQuestionAnswering
 
     AutoModelForQuestionAnswering.from_pretrained(path / "hf")
@@ -158,8 +159,33 @@ def test_every_report_carries_the_windows_throughput_for_the_webui(two_slots) ->
     assert val["perf_val_questions_per_s"] * val["perf_val_s"] == pytest.approx(questions)
 
 
+@pytest.fixture
+def storage(request: pytest.FixtureRequest) -> Any:
+    """checkpoint_storage for a run: shared_fs (None), or an S3 or GCS bucket on loopback."""
+    if request.param == "shared_fs":
+        yield None
+        return
+    with object_stores.object_store(request.param) as store:
+        yield store
+
+
+def stored_nowhere_but_the_checkpoints(cluster: Any) -> None:
+    """Nothing of a resume's private copies reached the storage: only the trial's checkpoints and
+    Determined's TensorBoard files (PREFIX/CLUSTER_ID/tensorboard/, tensorboard/build.py:17)."""
+    if cluster.store is None:
+        assert not list(cluster.storage.glob("*resume-*"))
+        return
+    keys = cluster.store.listing(f"{object_stores.PREFIX}/")
+    tops = {key.split("/")[1] for key in keys}
+    assert tops <= {c.uuid for c in cluster.master.checkpoints} | {"emulated-cluster"}, tops
+    assert not [k for k in keys if "resume-" in k]
+
+
 @needs_containers
-def test_pause_and_resume_equal_an_uninterrupted_run(two_slots, tmp_path: Path) -> None:
+@pytest.mark.parametrize("storage", ["s3"], indirect=True)
+def test_pause_and_resume_equal_an_uninterrupted_run(two_slots, tmp_path: Path, storage: Any) -> None:
+    """Paused at a report after step 10 and activated again, with checkpoints in S3: the run ends
+    exactly as the uninterrupted one on shared_fs did (a restart from GCS: the killed-rank test)."""
     _, conf, hp, baseline = two_slots
 
     def preempt_at_step_10(cluster: Any) -> Any:
@@ -169,7 +195,7 @@ def test_pause_and_resume_equal_an_uninterrupted_run(two_slots, tmp_path: Path) 
 
         return hook
 
-    cluster, record = trial_run(tmp_path, conf, hp, slots=2, on_report=preempt_at_step_10)
+    cluster, record = trial_run(tmp_path, conf, hp, slots=2, store=storage, on_report=preempt_at_step_10)
     assert record.preempted == 1 and record.exit_codes == [0, 0], record.failures()
     # The pause checkpointed at a report after step 10 and the restart continued right there.
     training = [r for r in cluster.master.metrics if r["group"] == "training"]
@@ -179,14 +205,25 @@ def test_pause_and_resume_equal_an_uninterrupted_run(two_slots, tmp_path: Path) 
     assert paused_at in [c.steps_completed for c in cluster.master.checkpoints]
     assert_same(final(cluster.master), final(baseline.master))
     # Every rank restored its machine's private, checked copy (in the container's own temp
-    # directory, out of the shared storage's reach), none of which lies in the storage.
+    # directory, out of the storage's reach), none of which lies in the storage; the local chief
+    # downloaded only the files a resume reads.
     restored = r"\[rank=1\].*Restoring trial from checkpoint /\S+/extractive-qa-\d+/resume-"
     assert re.search(restored, record.logs[-1]), record.logs[-1][-3000:]
-    assert not list(cluster.storage.glob("*resume-*"))
+    paused = next(c.uuid for c in cluster.master.checkpoints if c.steps_completed == paused_at)
+    fetched = re.search(
+        rf"DET_LATEST_CHECKPOINT {re.escape(storage.url(paused))}: downloaded (.*) \(", record.logs[-1]
+    )
+    assert fetched and fetched.group(1).split(", ") == [
+        "experiment.json", "load_data.json", "metadata.json", "state_dict.pth", "trial_state.pkl"
+    ], record.logs[-1][-3000:]  # fmt: skip
+    stored_nowhere_but_the_checkpoints(cluster)
 
 
 @needs_containers
-def test_killed_rank_restarts_from_the_latest_checkpoint(two_slots, tmp_path: Path) -> None:
+@pytest.mark.parametrize("storage", ["gcs"], indirect=True)
+def test_killed_rank_restarts_from_the_latest_checkpoint(two_slots, tmp_path: Path, storage: Any) -> None:
+    """Rank 1 killed at step 8, checkpoints in GCS: the restart continues from step 6's and ends
+    as the uninterrupted run on shared_fs did."""
     _, conf, hp, baseline = two_slots
     killed: list[int] = []
 
@@ -200,7 +237,7 @@ def test_killed_rank_restarts_from_the_latest_checkpoint(two_slots, tmp_path: Pa
 
         return hook
 
-    cluster, record = trial_run(tmp_path, conf, hp, slots=2, on_report=kill_rank_1_at_step_8)
+    cluster, record = trial_run(tmp_path, conf, hp, slots=2, store=storage, on_report=kill_rank_1_at_step_8)
     assert killed, "found no rank-1 process to kill"
     assert record.exit_codes[0] != 0 and record.exit_codes[-1] == 0 and len(record.exit_codes) == 2
     # The restart began at the checkpoint of step 6 (DET_LATEST_CHECKPOINT / DET_STEPS_COMPLETED).
@@ -210,7 +247,10 @@ def test_killed_rank_restarts_from_the_latest_checkpoint(two_slots, tmp_path: Pa
 
 
 @needs_containers
-def test_searcher_stop_ends_the_trial_with_a_checkpoint(tiny_bert: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("storage", ["s3"], indirect=True)
+def test_searcher_stop_ends_the_trial_with_a_checkpoint(
+    tiny_bert: Path, tmp_path: Path, storage: Any
+) -> None:
     conf, hp = shaped_like("search.yaml", tiny_bert, tmp_path, batches=400, slots=1)
 
     def stop_at_step_6(cluster: Any) -> Any:
@@ -220,12 +260,14 @@ def test_searcher_stop_ends_the_trial_with_a_checkpoint(tiny_bert: Path, tmp_pat
 
         return hook
 
-    cluster, record = trial_run(tmp_path, conf, hp, on_report=stop_at_step_6)
+    cluster, record = trial_run(tmp_path, conf, hp, store=storage, on_report=stop_at_step_6)
     assert record.exit_codes == [0], record.failures()
     # Within one scheduling unit (2 batches) of the decision, with a final checkpoint there.
     assert cluster.master.checkpoints[-1].steps_completed <= 6 + conf["scheduling_unit"]
     assert max(r["steps_completed"] for r in cluster.master.metrics) <= 6 + conf["scheduling_unit"]
     assert "the searcher stopped this trial" in record.logs[0]
+    last = cluster.master.checkpoints[-1]  # uploaded whole to the bucket
+    assert cluster.store.listing(f"{object_stores.PREFIX}/{last.uuid}/")
 
 
 @needs_containers
@@ -251,6 +293,46 @@ def test_truncated_latest_checkpoint_is_refused_before_training(two_slots, tmp_p
     assert re.search(r"\[rank=0\].*verifying DET_LATEST_CHECKPOINT .* for the 2 local rank", log)
     assert not re.search(r"\[rank=1\].*verifying DET_LATEST_CHECKPOINT", log)
     assert re.search(r"\[rank=1\].*error: DET_LATEST_CHECKPOINT .*damaged or truncated checkpoint", log)
+
+
+class RunsACommand:
+    """What a hostile checkpoint carries: unpickling it would run `command`."""
+
+    def __init__(self, command: str) -> None:
+        self.command = command
+
+    def __reduce__(self) -> tuple:
+        return (os.system, (self.command,))
+
+
+@pytest.mark.cluster_stack
+@needs_containers
+@pytest.mark.parametrize("storage", object_stores.KINDS, indirect=True)
+def test_a_checkpoint_planted_in_the_bucket_runs_nothing(two_slots, tmp_path: Path, storage: Any) -> None:
+    """Whoever can write to the bucket plants a checkpoint whose trial_state.pkl runs a command
+    when unpickled, and it is the latest the master hands the trial: each machine's local chief
+    downloads it into its private directory and decodes it, both ranks stop with that verdict,
+    nothing trains, and the command never runs (torch 2.13 here, the image's torch 2.3 in
+    .ci/compat)."""
+    import dataclasses
+    import pickle
+    import shutil
+
+    _, conf, hp, baseline = two_slots
+    latest = baseline.master.checkpoints[-1]
+    planted, marker = tmp_path / "planted", tmp_path / "ran"
+    shutil.copytree(baseline.checkpoint_dir(latest.uuid), planted)
+    (planted / "trial_state.pkl").write_bytes(pickle.dumps(RunsACommand(f"touch {marker}")))
+    storage.upload(planted, latest.uuid)
+    with det_cluster.emulated_cluster(tmp_path, store=storage) as cluster:
+        cluster.master.checkpoints.append(dataclasses.replace(latest))
+        record = cluster.run_trial({**conf, "max_restarts": 0}, hp, slots_per_container=2, timeout=200)
+    log = record.logs[0]
+    assert record.exit_codes[0] != 0 and not marker.exists()
+    assert re.search(rf"\[rank=1\].*error: DET_LATEST_CHECKPOINT .*{latest.uuid}/trial_state\.pkl", log), log[
+        -3000:
+    ]
+    assert not [r for r in cluster.master.metrics if r["group"] == "training"]
 
 
 # --------------------------------------------------------------------------------------------

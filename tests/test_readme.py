@@ -17,21 +17,29 @@ twice runs once. What cannot run here runs in its checking form:
   tests/test_without_master.py runs the two-machine line on two network namespaces);
 - scaling.py local (a series of torchrun runs): `--help` (tests/test_scaling.py runs the study
   end to end on a tiny model).
+
+A command naming a checkpoint in a bucket (s3://my-checkpoints/squad/UUID, gs://...) runs as
+written against S3 and GCS on loopback (tests/support/object_stores.py), the newest matching
+checkpoint uploaded there under its UUID.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
+import os
 import re
 import shlex
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from tests.support import object_stores
 from tests.support.project import ROOT, run_identity
 
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -68,7 +76,7 @@ def squad_version(checkpoint: Path) -> str:
     return json.loads((checkpoint / "hf" / "qa_settings.json").read_text())["squad_version"]
 
 
-def how_to_run(command: str, work: Path) -> tuple[str, str] | None:
+def how_to_run(command: str, work: Path, stores: list[Any] = ()) -> tuple[str, str] | None:
     """(the bash line to run, how) or None where it is a setup or CI command."""
     if command.startswith(SETUP) or any(word in command for word in CI):
         return None
@@ -93,6 +101,10 @@ def how_to_run(command: str, work: Path) -> tuple[str, str] | None:
             mine = [path for path in mine if recorded(path) == identity]
         assert mine, f"{command!r}: no matching checkpoint written by an earlier command"
         line = line.replace("checkpoints/determined/UUID", str(mine[-1].relative_to(work)))
+        for store in stores:  # a cluster's checkpoint in a bucket: the newest one, uploaded there
+            if store.url("UUID") in line:
+                store.upload(mine[-1], mine[-1].name)
+                line = line.replace(store.url("UUID"), store.url(mine[-1].name))
     trains = (
         script is not None
         and words[script] in ("train.py", "scaling.py")
@@ -151,23 +163,38 @@ def independent(line: str) -> bool:
     return "--resume" not in line and any(flag in line for flag in ("--dry-run", "--settings", "--help"))
 
 
-def test_every_command_runs_as_typed_in_a_fresh_copy(workspace: Path) -> None:
+@pytest.fixture(scope="module")
+def stores() -> Any:
+    """The README's bucket, my-checkpoints, with the prefix squad, in S3 and in GCS on loopback."""
+    with contextlib.ExitStack() as stack:
+        found = [
+            stack.enter_context(object_stores.object_store(kind, "my-checkpoints"))
+            for kind in object_stores.KINDS
+        ]
+        for store in found:
+            store.prefix = "squad"
+        yield found
+
+
+def test_every_command_runs_as_typed_in_a_fresh_copy(workspace: Path, stores: list[Any]) -> None:
     """The commands that write (training, predict, export, data) run one after another in the
     documents' order; those that only read (dry runs, settings, --help: a process start and the
     libraries' import each) run beside them on the other core."""
     failures, ran, seen = [], [], set()
 
+    env = {**os.environ, **{k: v for store in stores for k, v in store.env.items()}}
+
     def run(line: str) -> subprocess.CompletedProcess:
         return subprocess.run(
             ["bash", "-c", f". .venv/bin/activate && {line}"],
-            cwd=workspace, capture_output=True, text=True, timeout=900,
+            cwd=workspace, capture_output=True, text=True, timeout=900, env=env,
         )  # fmt: skip
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as beside:
         started = []
         for document in DOCUMENTS:
             for command in quoted_commands(document):
-                plan = how_to_run(command, workspace)
+                plan = how_to_run(command, workspace, stores)
                 if plan is None or (plan[0] in seen and "train.py" in plan[0] and "--dry-run" in plan[0]):
                     continue  # a dry run quoted twice plans the same run twice
                 seen.add(plan[0])

@@ -256,7 +256,8 @@ class Source:
     on_cluster: bool
     latest_checkpoint: str | None = None  # the storage id Determined restores (resume.restore's copy)
     steps_completed: int = 0
-    checkpoint_path: Path | buckets.Location | None = None  # a cluster's latest checkpoint, to verify
+    # A cluster's latest checkpoint, to verify: on shared_fs, in a bucket, or other storage.
+    checkpoint_path: Path | buckets.Location | det_internals.ManagedCheckpoint | None = None
 
 
 def from_cluster(info: Any) -> Source:
@@ -273,11 +274,17 @@ def from_cluster(info: Any) -> Source:
     )
 
 
-def latest_checkpoint_at(exp_conf: dict[str, Any], uuid: str) -> Path | buckets.Location | None:
-    """Where the master's latest checkpoint lies: a directory on shared_fs, or its place in an S3
-    or GCS bucket (None for other storage, which Determined then restores itself)."""
+def latest_checkpoint_at(
+    exp_conf: dict[str, Any], uuid: str
+) -> Path | buckets.Location | det_internals.ManagedCheckpoint:
+    """Where the master's latest checkpoint lies: a directory on shared_fs, its place in an S3 or
+    GCS bucket, or (Azure) a checkpoint only Determined's storage manager reads."""
     storage = exp_conf.get("checkpoint_storage") or {}
-    return det_internals.shared_fs_checkpoint(exp_conf, uuid) or buckets.from_storage(storage, uuid)
+    return (
+        det_internals.shared_fs_checkpoint(exp_conf, uuid)
+        or buckets.from_storage(storage, uuid)
+        or det_internals.ManagedCheckpoint(dict(storage), uuid)
+    )
 
 
 @dataclass(frozen=True)

@@ -181,7 +181,10 @@ def terminated_as_interrupt() -> Iterator[None]:
 
 
 def verify_per_machine(
-    distributed: Any, checkpoint: Path | buckets.Location, what: str, expected: Callable[[], ExpectedState]
+    distributed: Any,
+    checkpoint: Path | buckets.Location | det_internals.ManagedCheckpoint,
+    what: str,
+    expected: Callable[[], ExpectedState],
 ) -> tuple[str, PrivateCopy | None]:
     """A cluster's checkpoint, on shared_fs or in a bucket: each machine's local chief rewrites it
     into a private directory on its own machine (private_root: no other user can reach it, which a
@@ -194,7 +197,7 @@ def verify_per_machine(
     verdict: dict[str, Any] | None = None
     private: PrivateCopy | None = None
     if distributed.local_rank == 0:
-        shown = checkpoint.url if isinstance(checkpoint, buckets.Location) else checkpoint
+        shown = checkpoint if isinstance(checkpoint, Path) else checkpoint.url
         logger.info("verifying %s %s for the %d local rank(s)", what, shown, distributed.local_size)
         try:
             private, steps = _rewrite_cluster_checkpoint(checkpoint, expected(), what)
@@ -211,22 +214,45 @@ def verify_per_machine(
 
 
 def _rewrite_cluster_checkpoint(
-    checkpoint: Path | buckets.Location, expected: ExpectedState, what: str
+    checkpoint: Path | buckets.Location | det_internals.ManagedCheckpoint, expected: ExpectedState, what: str
 ) -> tuple[PrivateCopy, int]:
-    if not isinstance(checkpoint, buckets.Location):
+    if isinstance(checkpoint, Path):
         return prepare_resume(checkpoint, expected, what)
     limits = source_limits(expected)
-    with buckets.downloaded(checkpoint, what, limits.__getitem__, limits.__contains__) as local:
-        logger.info("%s %s: downloaded %s", what, checkpoint.url, ", ".join(sorted(limits)))
+    with _downloaded(checkpoint, what, limits) as local:
+        files = sorted(p for p in local.iterdir() if p.is_file())
+        logger.info("%s %s: downloaded %s (%.1f MB)", what, checkpoint.url, ", ".join(p.name for p in files),
+                    sum(p.stat().st_size for p in files) / 1e6)  # fmt: skip
         try:
             return prepare_resume(local, expected, what)
-        except ConfigError as err:  # named by the bucket's URL, not the download's directory
+        except ConfigError as err:  # named by where it lies, not by the download's directory
             raise ConfigError(str(err).replace(str(local), checkpoint.url)) from None
+
+
+@contextlib.contextmanager
+def _downloaded(
+    checkpoint: buckets.Location | det_internals.ManagedCheckpoint, what: str, limits: dict[str, int]
+) -> Iterator[Path]:
+    """The files a resume reads, in a new private directory (removed afterwards): from a bucket
+    within the listing's sizes, from other storage through Determined's manager."""
+    if isinstance(checkpoint, buckets.Location):
+        with buckets.downloaded(checkpoint, what, limits.__getitem__, limits.__contains__) as local:
+            yield local
+        return
+    local = Path(tempfile.mkdtemp(prefix=".download-", dir=private_root()))
+    try:
+        try:
+            checkpoint.download(local, set(limits))
+        except Exception as err:  # the storage's SDK: its own errors, all meaning "cannot fetch"
+            raise ConfigError(f"{what} {checkpoint.url}: cannot download it ({err}).") from None
+        yield local
+    finally:
+        shutil.rmtree(local, ignore_errors=True)
 
 
 def restore_on_cluster(
     distributed: Any,
-    checkpoint: Path | buckets.Location,
+    checkpoint: Path | buckets.Location | det_internals.ManagedCheckpoint,
     expected: Callable[[], ExpectedState],
     cleanup: contextlib.ExitStack,
 ) -> str:

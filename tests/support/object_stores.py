@@ -35,20 +35,21 @@ class ObjectStore:
     endpoint: str  # http://127.0.0.1:PORT
     bucket: str
     env: dict[str, str] = field(default_factory=dict)  # what a local command or container reads
+    prefix: str = PREFIX
 
     @property
     def scheme(self) -> str:
         return "s3" if self.kind == "s3" else "gs"
 
     def url(self, uuid: str) -> str:
-        return f"{self.scheme}://{self.bucket}/{PREFIX}/{uuid}"
+        return f"{self.scheme}://{self.bucket}/{self.prefix}/{uuid}"
 
     def storage(self) -> dict[str, Any]:
         """The experiment's checkpoint_storage, as a cloud cluster's YAML gives it."""
         if self.kind == "s3":
-            return {"type": "s3", "bucket": self.bucket, "prefix": PREFIX, "endpoint_url": self.endpoint,
+            return {"type": "s3", "bucket": self.bucket, "prefix": self.prefix, "endpoint_url": self.endpoint,
                     "access_key": KEY, "secret_key": KEY}  # fmt: skip
-        return {"type": "gcs", "bucket": self.bucket, "prefix": PREFIX}
+        return {"type": "gcs", "bucket": self.bucket, "prefix": self.prefix}
 
     def manager(self) -> Any:
         """Determined's own storage manager for this bucket (what a trial uploads through)."""
@@ -147,8 +148,8 @@ def gcs_store(bucket: str = "checkpoints") -> Iterator[ObjectStore]:
         server.stop()
 
 
-def object_store(kind: str) -> Any:
-    return s3_store() if kind == "s3" else gcs_store()
+def object_store(kind: str, bucket: str = "checkpoints") -> Any:
+    return s3_store(bucket) if kind == "s3" else gcs_store(bucket)
 
 
 @contextlib.contextmanager
