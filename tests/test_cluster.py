@@ -1,6 +1,7 @@
 """The trial as a Determined 0.38.1 cluster runs it (tests/support/det_cluster.py): one and two
 slots, local.yaml from the upload, a pause, a killed rank, a searcher stop, a truncated latest
-checkpoint, a checkpoint planted in a bucket -- on shared_fs and on S3 and GCS on loopback. Only model, data, lengths and slots differ from the repo's YAMLs."""
+checkpoint, a checkpoint planted in a bucket -- on shared_fs and on S3 and GCS on loopback. Only
+model, data, lengths and slots differ from the repo's YAMLs."""
 
 from __future__ import annotations
 
