@@ -112,7 +112,9 @@ def test_export_takes_a_bucket_url(trained, store, private: Path, tmp_path: Path
     url = uploaded(store, ckpt, "exported")
     out = completed(["export.py", "--checkpoint", url, "--out", str(tmp_path / "exported")])
     assert out.returncode == 0 and f"--checkpoint {url}: downloaded" in out.stderr, out.stderr
-    answer = completed(["predict.py", "--checkpoint", str(tmp_path / "exported"), *QUESTION])
+    answer = completed(
+        ["predict.py", "--checkpoint", str(tmp_path / "exported"), "--runtime", "onnx", *QUESTION]
+    )
     assert answer.returncode == 0, answer.stderr
 
 
@@ -226,18 +228,15 @@ def test_other_storage_is_read_through_determined_for_the_resume_files_alone(
     from extractive_qa import det_internals
     from extractive_qa.resume import restore
 
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     ckpt, _ = trained
-    storage = ckpt.parent
-    checkpoint = det_internals.ManagedCheckpoint(
-        {"type": "directory", "container_path": str(storage)}, ckpt.name
-    )
+    conf = {"type": "directory", "container_path": str(ckpt.parent)}
+    checkpoint = det_internals.ManagedCheckpoint(conf, ckpt.name)
     limits = {"metadata.json": 1, "trial_state.pkl": 1, "state_dict.pth": 1, "no-such-file": 1}
     with restore._downloaded(checkpoint, "DET_LATEST_CHECKPOINT", limits) as local:
-        assert sorted(p.name for p in local.rglob("*")) == [
-            "metadata.json",
-            "state_dict.pth",
-            "trial_state.pkl",
-        ]
-        assert local.parent == private and local.stat().st_mode & 0o077 == 0
+        fetched = sorted(p.name for p in local.rglob("*"))
+        assert fetched == ["metadata.json", "state_dict.pth", "trial_state.pkl"]
+        assert local.parent == tmp_path / f"extractive-qa-{os.getuid()}"
+        assert local.stat().st_mode & 0o077 == 0
         assert (local / "state_dict.pth").read_bytes() == (ckpt / "state_dict.pth").read_bytes()
     assert not local.exists()

@@ -243,6 +243,7 @@ def _downloaded(
     try:
         try:
             checkpoint.download(local, set(limits))
+            os.chmod(local, 0o700)  # a copy of a directory can bring its source's mode along
         except Exception as err:  # the storage's SDK: its own errors, all meaning "cannot fetch"
             raise ConfigError(f"{what} {checkpoint.url}: cannot download it ({err}).") from None
         yield local
