@@ -306,9 +306,13 @@ class RunsACommand:
         return (os.system, (self.command,))
 
 
-@pytest.mark.cluster_stack
 @needs_containers
-@pytest.mark.parametrize("storage", object_stores.KINDS, indirect=True)
+@pytest.mark.parametrize(
+    "storage",
+    # On the image's torch 2.3 too (.ci/compat); one API there, as both share the download.
+    [pytest.param("s3", marks=pytest.mark.cluster_stack), "gcs"],
+    indirect=True,
+)
 def test_a_checkpoint_planted_in_the_bucket_runs_nothing(two_slots, tmp_path: Path, storage: Any) -> None:
     """Whoever can write to the bucket plants a checkpoint whose trial_state.pkl runs a command
     when unpickled, and it is the latest the master hands the trial: each machine's local chief

@@ -112,6 +112,7 @@ class ObjectStore:
 
 @contextlib.contextmanager
 def s3_store(bucket: str = "checkpoints") -> Iterator[ObjectStore]:
+    import requests
     from moto.server import ThreadedMotoServer
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request
@@ -126,6 +127,9 @@ def s3_store(bucket: str = "checkpoints") -> Iterator[ObjectStore]:
     }
     store = ObjectStore("s3", f"http://127.0.0.1:{port}", bucket, env)
     try:
+        # moto keeps its buckets in this process, not in the server: an earlier store's objects
+        # would still be there. Each store starts empty.
+        requests.post(f"{store.endpoint}/moto-api/reset", timeout=10).raise_for_status()
         with store.environment():
             store._s3().create_bucket(Bucket=bucket)
         yield store
