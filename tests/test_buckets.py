@@ -141,6 +141,23 @@ def test_what_is_not_a_checkpoint_is_named_in_one_line(trained, store, private: 
     assert not list((private / "checkpoints").iterdir())
 
 
+def test_a_key_that_would_leave_the_directory_is_refused_before_anything_is_fetched(
+    trained, store, private: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A key with '..' parts (S3 stores it as given; Determined's own download would write it at
+    os.path.join(dst, relpath(key)), outside) or an empty part (GCS): the checkpoint is refused
+    from its listing, and no object is fetched."""
+    ckpt, _ = trained
+    url = uploaded(store, ckpt, "climbing")
+    bad = "../../outside" if store.kind == "s3" else "hf//config.json"  # the emulator refuses '..'
+    store.put(f"{object_stores.PREFIX}/climbing/{bad}", b"x")
+    fetched: list[str] = []
+    monkeypatch.setattr(buckets.BoundedWriter, "write", lambda self, data: fetched.append(self.shown))
+    line = _refused(url)
+    assert "has an empty, '.' or '..' part; refusing the checkpoint" in line and bad in line
+    assert fetched == [] and not list((private / "checkpoints").iterdir())
+
+
 def test_an_object_over_its_limit_is_refused_from_the_listing(
     trained, store, private: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -80,11 +80,15 @@ class ObjectStore:
 
     def delete(self, prefix: str) -> None:
         with self.environment():
-            for key in self.listing(prefix):
-                if self.kind == "s3":
-                    self._s3().delete_object(Bucket=self.bucket, Key=key)
-                else:
-                    self._gcs().bucket(self.bucket).blob(key).delete()
+            keys = list(self.listing(prefix))
+            if self.kind == "s3":  # one client: making one costs a fifth of a second
+                s3 = self._s3()
+                for key in keys:
+                    s3.delete_object(Bucket=self.bucket, Key=key)
+            else:
+                bucket = self._gcs().bucket(self.bucket)
+                for key in keys:
+                    bucket.blob(key).delete()
 
     def _s3(self) -> Any:
         import boto3
