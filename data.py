@@ -118,6 +118,7 @@ def validation_loader(features: Features, batch_size: int, multiple: int, num_wo
 # --------------------------------------------------------------------------------------------
 
 
+@cli.boundary
 def main(argv: Sequence[str] | None = None) -> int:
     if cli.refuse_undecodable(argv):
         return 2
@@ -145,18 +146,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.cache_dir is None and not args.no_cache:
         parser.error("give --cache-dir DIR (or --no-cache to only measure)")
     spec = WindowSpec(args.max_seq_length, args.doc_stride, args.max_query_length)
-    try:
-        t0 = time.perf_counter()
-        squad = load_squad(args.squad, training=args.split == "train")
-        tokenizer = load_tokenizer(args.tokenizer)
-        cache = None if args.no_cache else args.cache_dir
-        features, state = prepare_features(
-            squad, tokenizer, args.tokenizer, spec, args.split, cache, progress=True
-        )
-        seconds = time.perf_counter() - t0
-    except DataError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    t0 = time.perf_counter()
+    squad = load_squad(args.squad, training=args.split == "train")
+    tokenizer = load_tokenizer(args.tokenizer)
+    cache = None if args.no_cache else args.cache_dir
+    features, state = prepare_features(
+        squad, tokenizer, args.tokenizer, spec, args.split, cache, progress=True
+    )
+    seconds = time.perf_counter() - t0
     if squad.skipped:
         print(
             f"skipped {len(squad.skipped)} training questions whose answer is not at its "

@@ -26,6 +26,7 @@ from extractive_qa.files import command_error
 from extractive_qa.serve.export_dir import export
 
 
+@cli.boundary
 def main(argv: Sequence[str] | None = None) -> int:
     if cli.refuse_undecodable(argv):
         return 2

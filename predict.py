@@ -23,7 +23,7 @@ from typing import Any
 
 from extractive_qa import cli  # first: a Ctrl-C while the libraries load is one line
 from extractive_qa.data import squad_files
-from extractive_qa.errors import ConfigError, DataError
+from extractive_qa.errors import DataError
 from extractive_qa.files import write_text_atomic
 from extractive_qa.output_rules import check_new_directory, check_output_file, check_outputs
 from extractive_qa.qa import outputs
@@ -129,32 +129,25 @@ def answer_file(
     return result
 
 
+@cli.boundary
 def main(argv: Sequence[str] | None = None) -> int:
     if cli.refuse_undecodable(argv):
         return 2
     cli.hide_library_progress_bars()
     args = parse_args(argv)
-    try:
-        if args.single:
-            check_question(args)
-        check_writes(args)
-        # What needs no model is checked first: the data, then (in Predictor, before the weights
-        # load) the checkpoint's settings and --null-threshold.
-        squad = None if args.single else squad_files.load_squad(args.squad, training=False)
-        predictor = Predictor(args.checkpoint, args.device, args.batch_size, args.precision, args.runtime,
-                              null_threshold=args.null_threshold)  # fmt: skip
-        if squad is None:
-            result = answer_one(predictor, args.question, args.context)
-        else:
-            result = answer_file(predictor, squad, args)
-    except (DataError, ConfigError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except OSError as err:  # a write failing after the work (a full disk): what, where, why
-        where = err.filename or "the output"
-        print(f"error: cannot write {where}: {err.strerror or err} (each output file is written "
-              "whole or not at all).", file=sys.stderr)  # fmt: skip
-        return 2
+    if args.single:
+        check_question(args)
+    check_writes(args)
+    # What needs no model is checked first: the data, then (in Predictor, before the weights
+    # load) the checkpoint's settings and --null-threshold. A refusal, or a write that fails (a
+    # full disk: each output file is written whole or not at all), is cli.boundary's one line.
+    squad = None if args.single else squad_files.load_squad(args.squad, training=False)
+    predictor = Predictor(args.checkpoint, args.device, args.batch_size, args.precision, args.runtime,
+                          null_threshold=args.null_threshold)  # fmt: skip
+    if squad is None:
+        result = answer_one(predictor, args.question, args.context)
+    else:
+        result = answer_file(predictor, squad, args)
     print(json.dumps(result, ensure_ascii=False))
     return 0
 

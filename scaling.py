@@ -30,7 +30,7 @@ from typing import Any
 from extractive_qa import cli  # first: a Ctrl-C while the libraries load is one line
 from extractive_qa.config import experiment, run_plan
 from extractive_qa.config.settings import OPTIMIZERS, Hyperparameters
-from extractive_qa.errors import ConfigError, DataError, ScalingError
+from extractive_qa.errors import ScalingError
 from extractive_qa.files import ROOT
 from extractive_qa.scaling_report import (  # noqa: F401 -- the report's API, as scaling.X
     REPORT_FILES,
@@ -160,47 +160,44 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+@cli.boundary
 def main(argv: Sequence[str] | None = None) -> int:
     if cli.refuse_undecodable(argv):
         return 2
     args = parse_args(argv)
-    try:
-        if args.command in ("launch", "report") and not args.master and not getattr(args, "dry_run", False):
-            raise ScalingError("--master URL (or DET_MASTER) is required for launch and report.")
-        if args.command in ("report", "local"):  # where the report goes, before any work
-            check_report_outputs(args.command, args.out, getattr(args, "config", None))
-        from extractive_qa import scaling_runs
+    if args.command in ("launch", "report") and not args.master and not getattr(args, "dry_run", False):
+        raise ScalingError("--master URL (or DET_MASTER) is required for launch and report.")
+    if args.command in ("report", "local"):  # where the report goes, before any work
+        check_report_outputs(args.command, args.out, getattr(args, "config", None))
+    from extractive_qa import scaling_runs
 
-        if args.command == "report":
-            report = build_report(scaling_runs.from_cluster(args.master, args.study), args.study)
-            paths = write_report(report, args.out)
-            print(json.dumps({"study": args.study, "written": [str(p) for p in paths]}))
-            return 0
-        if not args.config.is_file():
-            raise ScalingError(f"--config {args.config}: no such file.")
-        base = experiment.load_experiment(args.config, args.overrides)
-        slots = int_list(args.slots, "--slots")
-        aggregation = int_list(args.aggregation, "--aggregation")
-        optimizers = [o.strip() for o in args.optimizer.split(",") if o.strip()]
-        series = variants(base, slots, aggregation, optimizers, args.study)
-        if args.command == "launch":
-            if args.dry_run:  # each run's plan, with the dry run's counts and warnings
-                for v, counts in zip(series, plan_series(series), strict=True):
-                    row = {"name": v.name, "learning_rate": v.learning_rate, **counts, "config": v.config}
-                    print(json.dumps(row))
-                return 0
-            ids = scaling_runs.launch(scaling_runs.connect(args.master), series)
-            print(json.dumps({"study": args.study, "experiments": ids}))
-            return 0
-        if args.batches < 1:
-            raise ScalingError("--batches must be a positive integer.")
-        runs = scaling_runs.run_local(series, args.batches, args.out)
-        paths = write_report(build_report(runs, args.study), args.out)
+    if args.command == "report":
+        report = build_report(scaling_runs.from_cluster(args.master, args.study), args.study)
+        paths = write_report(report, args.out)
         print(json.dumps({"study": args.study, "written": [str(p) for p in paths]}))
         return 0
-    except (ScalingError, ConfigError, DataError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    if not args.config.is_file():
+        raise ScalingError(f"--config {args.config}: no such file.")
+    base = experiment.load_experiment(args.config, args.overrides)
+    slots = int_list(args.slots, "--slots")
+    aggregation = int_list(args.aggregation, "--aggregation")
+    optimizers = [o.strip() for o in args.optimizer.split(",") if o.strip()]
+    series = variants(base, slots, aggregation, optimizers, args.study)
+    if args.command == "launch":
+        if args.dry_run:  # each run's plan, with the dry run's counts and warnings
+            for v, counts in zip(series, plan_series(series), strict=True):
+                row = {"name": v.name, "learning_rate": v.learning_rate, **counts, "config": v.config}
+                print(json.dumps(row))
+            return 0
+        ids = scaling_runs.launch(scaling_runs.connect(args.master), series)
+        print(json.dumps({"study": args.study, "experiments": ids}))
+        return 0
+    if args.batches < 1:
+        raise ScalingError("--batches must be a positive integer.")
+    runs = scaling_runs.run_local(series, args.batches, args.out)
+    paths = write_report(build_report(runs, args.study), args.out)
+    print(json.dumps({"study": args.study, "written": [str(p) for p in paths]}))
+    return 0
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ import contextlib
 import functools
 import json
 import logging
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,7 +24,6 @@ from extractive_qa import buckets, cli, compat, det_internals  # cli first: a Ct
 from extractive_qa.config import run_plan
 from extractive_qa.config.experiment import RunOptions, run_source, settings_table
 from extractive_qa.dry_run import dry_run
-from extractive_qa.errors import ConfigError, DataError
 from extractive_qa.files import ROOT
 from extractive_qa.launch import cluster_run, interruption
 from extractive_qa.launch.process import local_world_size
@@ -217,18 +215,13 @@ def final_result(trial: model_def.SquadTrial) -> dict[str, Any]:
     }
 
 
+@cli.boundary
 def main(argv: Sequence[str] | None = None) -> int:
     if cli.refuse_undecodable(argv):
         return 2
     args = parse_args(argv)
-    if args.settings:
-        try:
-            print("\n".join(settings_table(args.config, args.overrides)))
-        except ConfigError as err:
-            print(f"error: {err}", file=sys.stderr)
-            return 2
-        except BrokenPipeError:  # `| head`: the reader has what it wanted
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    if args.settings:  # a refusal or a closed pipe (`| head`): cli.boundary
+        print("\n".join(settings_table(args.config, args.overrides)))
         return 0
     if args.checkpoints:
         from extractive_qa.launch.checkpoint_list import checkpoint_table
@@ -246,9 +239,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         cli.hide_library_progress_bars()
     try:
         result = dry_run(run_options(args)) if args.dry_run else run(args)
-    except (ConfigError, DataError, det_internals.VersionError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
     except interruption.Interrupted as stop:
         if stop.rank == 0:
             print(interruption.interrupted_line(stop, START_DIR), file=sys.stderr, flush=True)

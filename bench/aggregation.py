@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import provenance, tiny_validation_file
+from extractive_qa import cli
 from extractive_qa.config import experiment
 from extractive_qa.files import ROOT
 from tests.support import allreduce_probe
@@ -61,6 +62,7 @@ def describe(row: dict[str, Any]) -> str:
     )
 
 
+@cli.boundary
 def main(argv: list[str] | None = None) -> int:
     args, frequencies = parse_args(argv)
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import provenance
+from extractive_qa import cli
 from extractive_qa.files import ROOT
 
 
@@ -73,6 +74,7 @@ def table(rows: list[dict[str, Any]], frequencies: list[int], optimizers: list[s
     return "\n".join(lines)
 
 
+@cli.boundary
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from bench import common as tp  # model, config and the bare training loop
+from extractive_qa import cli
 from extractive_qa.config import experiment, run_plan
 from extractive_qa.config.model_family import EMBEDDED_MODEL
 from extractive_qa.config.settings import WindowSpec
@@ -38,6 +39,7 @@ VARIANTS = [  # name, attention, precision, cuDNN attention allowed, TF32
 ]
 
 
+@cli.boundary
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter

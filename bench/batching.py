@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from extractive_qa import cli
 from extractive_qa.config import experiment, run_plan
 from extractive_qa.config.model_family import resolve_pretrained
 from extractive_qa.config.settings import WindowSpec
@@ -277,6 +278,7 @@ def default_rule(rows: list[dict[str, Any]], speed: dict[str, dict[str, Any]], m
     return out
 
 
+@cli.boundary
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from bench.common import provenance
+from extractive_qa import cli
 from extractive_qa.data import feature_cache
 from extractive_qa.data.features import Features
 
@@ -59,6 +60,7 @@ def check(directory: Path) -> None:
     feature_cache.read_entry(directory)  # raises CacheDamage: the entry was just written whole
 
 
+@cli.boundary
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--windows", type=int, default=88_600)

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from bench.common import provenance
+from extractive_qa import cli
 from extractive_qa.files import ROOT
 
 
@@ -38,6 +39,7 @@ def summaries(log: str) -> str:
     return "\n\n".join(parts)
 
 
+@cli.boundary
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter

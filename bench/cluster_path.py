@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 from bench.common import provenance
-from extractive_qa import scaling_runs
+from extractive_qa import cli, scaling_runs
 from extractive_qa.config import experiment
 from extractive_qa.files import ROOT
 from tests.support import det_cluster
@@ -77,6 +77,7 @@ def cluster_run(conf: dict, hp: dict, tmp: Path) -> tuple[float, dict]:
     return seconds, {k: val[k] for k in ("exact_match", "f1", "train_seconds") if k in val}
 
 
+@cli.boundary
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", type=int, default=20, help="0: local.yaml's own length")

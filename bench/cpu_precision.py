@@ -58,6 +58,7 @@ from typing import Any
 from bench import study
 from bench.common import cpu_description, machine_text, provenance
 from bench.study import ROOT
+from extractive_qa import cli
 
 CONFIG = "local.yaml"
 SEEDS = "42,43,44,45,46"
@@ -233,6 +234,7 @@ def chosen_levels(args: argparse.Namespace, preset: Study, on_gpu: bool) -> dict
     return levels
 
 
+@cli.boundary
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("what", choices=[*STUDIES, *REPORTS, "profile", "levers"])

@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 
 from bench import doc_blocks, results_files
-from extractive_qa import reading, scaling_report
+from extractive_qa import cli, reading, scaling_report
 from extractive_qa.files import ROOT, drawn_from
 
 IMAGE = re.compile(r"!\[[^\]]*\]\((?P<target>(?![a-z]+://)[^)\s]+\.png)\)")  # the project's own plots
@@ -228,6 +228,7 @@ def problems() -> list[str]:
     return found
 
 
+@cli.boundary
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import provenance
+from extractive_qa import cli
 from extractive_qa.qa.answers import extract_answers
 from tests.support.reference_extraction import loop_extract, setup, standard_postprocess, trained_shaped
 
@@ -35,6 +36,7 @@ def best_of(repeats: int, fn: Callable[..., Any], *args: Any) -> tuple[Any, floa
     return out, min(times)
 
 
+@cli.boundary
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--examples", type=int, default=10000)

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from bench.common import provenance
+from extractive_qa import cli
 from extractive_qa.config.model_family import EMBEDDED_MODEL
 from extractive_qa.config.settings import WindowSpec
 from extractive_qa.data import squad_files
@@ -37,6 +38,7 @@ def replicate(examples, copies: int) -> list[squad_files.Example]:
     return out
 
 
+@cli.boundary
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--copies", type=int, default=150, help="150 copies = ~40k examples")

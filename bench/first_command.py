@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import provenance
+from extractive_qa import cli
 from extractive_qa.files import ROOT
 
 SETUP = "python3 -m venv .venv && .venv/bin/pip install -r requirements.txt"
@@ -70,6 +71,7 @@ def first_command(pip_cache: str, overrides: list[str]) -> dict[str, Any]:
     }
 
 
+@cli.boundary
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pip-cache", choices=["cold", "warm"], default="warm")

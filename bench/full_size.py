@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from bench.common import provenance
+from extractive_qa import cli
 from extractive_qa.data import feature_cache
 from extractive_qa.files import ROOT, write_text_atomic
 from tests.support.cli_result import last_json
@@ -28,6 +29,7 @@ def run_json(cmd: list[str]) -> dict:
     return last_json(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
 
 
+@cli.boundary
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--copies", type=int, default=328)

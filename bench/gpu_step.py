@@ -39,6 +39,7 @@ import torch
 
 from bench.common import SEED, Loop, Rung, provenance, sync, window_sample
 from bench.results_files import num
+from extractive_qa import cli
 from extractive_qa.data.batching import Collator, FeatureBatchSampler
 
 # Kernel kinds, by substrings of the (lower-cased) kernel name, first match wins. Attention
@@ -253,6 +254,7 @@ def parse_rungs(text: str) -> list[tuple[int, str, bool]]:
     return rungs
 
 
+@cli.boundary
 def main(argv: list[str] | None = None) -> int:
     from bench import throughput
 

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from bench.common import BERT_BASE, machine_text, provenance, sync
+from extractive_qa import cli
 from extractive_qa.config import experiment, run_plan
 from extractive_qa.config.model_family import resolve_pretrained
 from extractive_qa.data import squad_files
@@ -240,6 +241,7 @@ def compare_runtimes(
     return rows
 
 
+@cli.boundary
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     machine = machine_text(args.device)

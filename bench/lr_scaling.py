@@ -48,7 +48,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from extractive_qa import reading
+from extractive_qa import cli, reading
 from extractive_qa.config import experiment, run_plan
 from extractive_qa.config.settings import Hyperparameters
 from extractive_qa.files import drawn_from
@@ -506,6 +506,7 @@ def _draw(
     ax.legend(fontsize=8)
 
 
+@cli.boundary
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter

@@ -21,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+from extractive_qa import cli
 from extractive_qa.files import ROOT
 
 SHAPES = {
@@ -79,6 +80,7 @@ def one_step(model_name: str, batch: int, checkpointing: bool, device: str) -> d
     return {"peak_gib": round(peak, 3), "step_s": round(seconds, 2)}
 
 
+@cli.boundary
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import provenance
-from extractive_qa import scaling_report, scaling_runs
+from extractive_qa import cli, scaling_report, scaling_runs
 from extractive_qa.config import experiment
 from extractive_qa.config.model_family import EMBEDDED_MODEL, pretrained_config
 from extractive_qa.files import ROOT
@@ -147,6 +147,7 @@ def _draw_links(report: dict[str, Any], ax: Any) -> None:
     ax.legend(fontsize=7, ncol=2)
 
 
+@cli.boundary
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--links", default="10gbit,1gbit,100mbit")

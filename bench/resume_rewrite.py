@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from bench.common import BERT_BASE, ROOT, provenance
+from extractive_qa import cli
 from extractive_qa.config.model_family import EMBEDDED_MODEL, pretrained_config
 
 MODELS = {"minilm": None, "bert-base": BERT_BASE}
@@ -107,6 +108,7 @@ def memory_mb(field: str) -> float:
     raise RuntimeError(f"no {field} in /proc/self/status")
 
 
+@cli.boundary
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="minilm,bert-base")

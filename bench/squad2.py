@@ -43,6 +43,7 @@ import torch
 from bench import study
 from bench.common import machine_text, provenance
 from bench.results_files import num, table
+from extractive_qa import cli
 from extractive_qa.data.squad_files import load_squad
 from extractive_qa.files import ROOT
 from extractive_qa.qa import squad_metric
@@ -408,6 +409,7 @@ def overhead_report(section: dict[str, Any]) -> str:
     )
 
 
+@cli.boundary
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter

@@ -47,6 +47,7 @@ from typing import Any
 import torch
 
 from bench import flops
+from extractive_qa import cli
 from extractive_qa.config import experiment, run_plan
 from extractive_qa.config.model_family import EMBEDDED_MODEL, pretrained_config
 from extractive_qa.config.settings import PRECISIONS, Hyperparameters, WindowSpec
@@ -439,6 +440,7 @@ def ladder(setup: Setup, table: Table) -> dict[str, Any]:
     return result
 
 
+@cli.boundary
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     device = args.device

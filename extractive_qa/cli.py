@@ -1,6 +1,7 @@
 """What every entry script shares before its own work: a Ctrl-C while the libraries load ends in
-one line instead of a traceback, and command-line text that is not UTF-8 is named, not carried
-into a tokenizer or a JSON file that cannot hold it.
+one line instead of a traceback, command-line text that is not UTF-8 is named, not carried into a
+tokenizer or a JSON file that cannot hold it, and one boundary around each command's main
+(`boundary`): whatever escapes it ends in one line and an exit status, never a traceback.
 
 Importing this module installs the interrupt hook, so the entry scripts import it first (torch
 and transformers take seconds to load, and a Ctrl-C then lands inside some import). The process
@@ -9,12 +10,30 @@ still ends as one killed by SIGINT (Python re-raises it after the hook: exit sta
 
 from __future__ import annotations
 
+import errno
+import functools
+import os
 import signal
 import sys
-from collections.abc import Sequence
+import traceback
+from collections.abc import Callable, Sequence
 from types import TracebackType
+from typing import Any
+
+from extractive_qa.errors import ConfigError, DataError, ScalingError
 
 INTERRUPTED_EARLY = "interrupted before any work started; nothing to keep."
+WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG)  # only a write meets these
+TRACEBACK_VARIABLE = "EXTRACTIVE_QA_TRACEBACK"  # set (to anything but 0): an internal error's traceback
+INTERNAL = 1  # the exit status of an internal error; 2 is a refused input
+TOO_DEEP = (
+    "an input is nested too deeply to read (a file or value that contains itself, or thousands of "
+    "levels deep); check the files and values given to this command"
+)
+TOO_LARGE = (
+    "an input asks for more memory than this machine has; check the sizes and counts given to this "
+    "command (batches, lengths, limits)"
+)
 
 
 def _quiet_interrupt(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
@@ -59,3 +78,72 @@ def hide_library_progress_bars() -> None:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
+
+
+Main = Callable[..., Any]  # an entry script's main: its exit status (None: 0)
+
+
+def boundary(main: Main) -> Main:
+    """The one boundary of an entry script's main: what escapes it becomes one line on stderr.
+
+    - a refused input (ConfigError, DataError, ScalingError, each naming its file or field): that
+      message, exit 2;
+    - an OSError: the path and the system's reason, exit 2;
+    - an input too deep, too large or not UTF-8 (RecursionError, OverflowError, MemoryError,
+      UnicodeError): what it is and what to check, exit 2;
+    - anything else is this project's bug: one line saying so, exit 1, and its traceback with
+      EXTRACTIVE_QA_TRACEBACK=1 (on a cluster, where the log is all there is, always).
+    KeyboardInterrupt and SystemExit pass through (the interrupt hook and argparse answer them).
+    """
+
+    @functools.wraps(main)
+    def bounded(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return main(*args, **kwargs)
+        except (ConfigError, DataError, ScalingError) as err:
+            return _error(str(err))
+        except BrokenPipeError:  # `| head`: the reader has what it wanted
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
+        except OSError as err:
+            where = err.filename or "a file"
+            if err.errno in WRITE_ERRNOS:  # outputs are written whole or not at all (files.py)
+                return _error(f"cannot write {where}: {err.strerror}")
+            return _error(f"{where}: {err.strerror or err}")
+        except RecursionError:
+            return _error(TOO_DEEP)
+        except MemoryError:
+            return _error(TOO_LARGE)
+        except OverflowError as err:
+            return _error(f"a number in the input is too large ({err}); check the numbers given to this "
+                          "command and the records it reads")  # fmt: skip
+        except UnicodeError as err:
+            return _error(f"text that UTF-8 cannot hold ({_unicode_context(err)}); give the input in UTF-8")
+        except Exception as err:
+            if os.environ.get(TRACEBACK_VARIABLE, "0") not in ("", "0") or os.environ.get("DET_TASK_TYPE"):
+                traceback.print_exc()
+            first = str(err).splitlines()[0][:200] if str(err) else ""
+            print(
+                f"internal error: {type(err).__name__}: {first} -- a bug in this project, not in your input. "
+                f"Run again with {TRACEBACK_VARIABLE}=1 to see where, and report it.",
+                file=sys.stderr,
+            )
+            return INTERNAL
+
+    return bounded
+
+
+def _error(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return 2
+
+
+def _unicode_context(err: UnicodeError) -> str:
+    """The offending characters and a little around them, escaped so the line itself prints."""
+    text = getattr(err, "object", None)
+    start = getattr(err, "start", 0)
+    if isinstance(text, (str, bytes)):
+        near = text[max(0, start - 20) : start + 20]
+        shown = near.encode("utf-8", "backslashreplace") if isinstance(near, str) else near
+        return f"near {shown.decode('ascii', 'backslashreplace')!r}"
+    return str(err)

@@ -21,12 +21,14 @@ from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 
+from extractive_qa.errors import ConfigError
+
 logger = logging.getLogger("squad")
 
 WRITTEN_FOR = "0.38.1"
 
 
-class VersionError(RuntimeError):
+class VersionError(ConfigError):  # a refused setup: one line, exit 2 (cli.boundary)
     pass
 
 

@@ -133,15 +133,18 @@ def read_bytes(
     for a kilobyte's file. Bytes past that size come in bounded pieces up to the limit."""
     cap = kind.bytes if limit is None else limit
     with open_regular(path, kind, follow_links=follow_links, limit=cap, shown=shown) as file:
-        size = os.fstat(file.fileno()).st_size
-        data = file.read(size + 1)
-        if len(data) > size:
-            pieces = [data]
-            total = len(data)
-            while total <= cap and (piece := file.read(min(MIB, cap + 1 - total))):
-                pieces.append(piece)
-                total += len(piece)
-            data = b"".join(pieces)
+        try:
+            size = os.fstat(file.fileno()).st_size
+            data = file.read(size + 1)
+            if len(data) > size:
+                pieces = [data]
+                total = len(data)
+                while total <= cap and (piece := file.read(min(MIB, cap + 1 - total))):
+                    pieces.append(piece)
+                    total += len(piece)
+                data = b"".join(pieces)
+        except OSError as err:  # a read that fails (EIO): named by the file, as the reader's refusals are
+            raise OSError(err.errno, err.strerror, str(shown or path)) from err
     if len(data) > cap:
         raise UnreadableFile(
             f"{shown or path}: grew past {cap / MIB:,.0f} MiB while it was read; {_limit_text(kind, cap)}."

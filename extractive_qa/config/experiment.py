@@ -56,8 +56,32 @@ _Loader.add_implicit_resolver(
 )
 
 
+MAX_VALUES = 100_000  # an experiment config holds hundreds of values; aliases may not expand past this
+
+
+class AliasError(yaml.YAMLError):
+    """YAML aliases that make a value contain itself, or expand past MAX_VALUES values."""
+
+
 def parse_yaml(text: str) -> Any:
-    return yaml.load(text, Loader=_Loader)  # noqa: S506 -- a SafeLoader subclass
+    """A YAML document, safely loaded (a SafeLoader subclass: no tags that build objects, no key
+    given twice) and then walked once as its aliases expand -- before anything else walks, copies
+    or serialises it: a value that contains itself (`a: &x [*x]`) and aliases that expand past
+    MAX_VALUES values (a "billion laughs" of a few kilobytes) are refused."""
+    doc = yaml.load(text, Loader=_Loader)  # noqa: S506 -- a SafeLoader subclass
+    pending: list[tuple[Any, frozenset[int]]] = [(doc, frozenset())]
+    seen = 0
+    while pending:
+        node, enclosing = pending.pop()
+        seen += 1
+        if seen > MAX_VALUES:
+            raise AliasError(f"its aliases expand to more than {MAX_VALUES:,} values")
+        if isinstance(node, (dict, list)):
+            if id(node) in enclosing:
+                raise AliasError("an alias makes a value contain itself")
+            inner = enclosing | {id(node)}
+            pending.extend((child, inner) for child in (node.values() if isinstance(node, dict) else node))
+    return doc
 
 
 def where_the_configs_are(path: Path) -> str:

@@ -89,7 +89,11 @@ def check_config(conf: dict[str, Any], complete: bool = True) -> None:
             raise ConfigError(f"{section}: expected a mapping, got {conf[section]!r}.")
     resources = conf.get("resources") or {}
     _integer(resources, "slots_per_trial", "resources", minimum=1)
-    _integer(conf.get("reproducibility") or {}, "experiment_seed", "reproducibility", minimum=0)
+    # NumPy's and Python's generators take seeds below 2**32.
+    _integer(
+        conf.get("reproducibility") or {}, "experiment_seed", "reproducibility", minimum=0, maximum=2**32 - 1
+    )
+    _check_storage(conf.get("checkpoint_storage"))
     _integer(conf, "scheduling_unit", "", minimum=1)
     _integer(conf, "max_restarts", "", minimum=0)
     _integer(conf, "records_per_epoch", "", minimum=0)
@@ -105,6 +109,17 @@ def check_config(conf: dict[str, Any], complete: bool = True) -> None:
     _check_environment_variables((conf.get("environment") or {}).get("environment_variables"))
     for name, spec in (conf.get("hyperparameters") or {}).items():
         _check_hparam(f"hyperparameters.{name}", spec)
+
+
+def _check_storage(storage: Any) -> None:
+    """checkpoint_storage: a mapping whose retention counts are whole numbers (a local run keeps
+    checkpoints by them, as a master does)."""
+    if storage is None:
+        return
+    if not isinstance(storage, dict):
+        raise ConfigError(f"checkpoint_storage: expected a mapping of settings, got {storage!r}.")
+    for key in ("save_experiment_best", "save_trial_best", "save_trial_latest"):
+        _integer(storage, key, "checkpoint_storage", minimum=0)
 
 
 def _check_metric(conf: dict[str, Any]) -> None:
@@ -138,7 +153,7 @@ def _where(section: str, key: str) -> str:
     return f"{section}.{key}" if section else key
 
 
-def _integer(node: dict[str, Any], key: str, section: str, minimum: int) -> None:
+def _integer(node: dict[str, Any], key: str, section: str, minimum: int, maximum: int = 2**62) -> None:
     if key not in node or node[key] is None:
         return
     value = node[key]
@@ -146,8 +161,9 @@ def _integer(node: dict[str, Any], key: str, section: str, minimum: int) -> None
         raise ConfigError(f"{_where(section, key)}: expected an integer >= {minimum}, got {value!r}.")
     if value < minimum:
         raise ConfigError(f"{_where(section, key)}: must be >= {minimum}, got {value}.")
-    if value > 2**62:
-        raise ConfigError(f"{_where(section, key)}: {str(value)[:20]}... is too large.")
+    if value > maximum:
+        shown = f"{str(value)[:20]}..." if len(str(value)) > 20 else str(value)
+        raise ConfigError(f"{_where(section, key)}: {shown} is too large (at most {maximum:,}).")
 
 
 def _boolean(node: dict[str, Any], key: str, section: str) -> None:

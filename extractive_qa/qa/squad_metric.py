@@ -22,7 +22,7 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from extractive_qa import reading
+from extractive_qa import cli, reading
 from extractive_qa.data.squad_files import Example, load_squad
 from extractive_qa.errors import DataError
 
@@ -238,6 +238,7 @@ def read_null_odds(args: argparse.Namespace, squad: Any, predictions: dict[str, 
     return null_odds
 
 
+@cli.boundary
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python3 -m extractive_qa.qa.squad_metric",
@@ -253,13 +254,9 @@ def main(argv: list[str] | None = None) -> int:
         help='v2.0: predict "" where the odds exceed this (default 1.0, as the official script)',
     )  # fmt: skip
     args = parser.parse_args(argv)
-    try:
-        squad = load_squad(args.data_file, training=False)
-        predictions = _read_json_object(args.pred_file, "predictions", str)
-        null_odds = read_null_odds(args, squad, predictions) if args.na_prob_file else None
-    except DataError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    squad = load_squad(args.data_file, training=False)  # a refused file: cli.boundary's one line
+    predictions = _read_json_object(args.pred_file, "predictions", str)
+    null_odds = read_null_odds(args, squad, predictions) if args.na_prob_file else None
     ids = [ex.id for ex in squad.examples]
     missing = [i for i in ids if i not in predictions]
     if len(missing) == len(ids):
