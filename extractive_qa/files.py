@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 import sys
 import tempfile
 from pathlib import Path
@@ -39,13 +40,30 @@ def write_text_atomic(path: Path, text: str) -> None:
 
 
 def write_bytes_atomic(path: Path, data: bytes) -> None:
-    """write_text_atomic for bytes."""
+    """write_text_atomic for bytes. What is already at `path` and is not a regular file is never
+    replaced: a character device or a FIFO (/dev/null, a terminal, a named pipe a reader waits on)
+    is written through as a stream -- renaming over it would put a regular file in its place, and
+    as root replace /dev/null -- and anything else (a directory, a socket, a block device) is
+    refused. A regular file it replaces keeps its mode."""
+    try:
+        existing = os.stat(path)
+    except FileNotFoundError:
+        existing = None
+    if existing is not None and not stat.S_ISREG(existing.st_mode):
+        if not (stat.S_ISCHR(existing.st_mode) or stat.S_ISFIFO(existing.st_mode)):
+            raise DataError(f"{path}: not a regular file, a device or a pipe; give a file path to write.")
+        with open(path, "wb", buffering=0) as stream:  # O_WRONLY|O_TRUNC: a device or pipe is not created
+            stream.write(data)
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(fd, "wb") as out:
             out.write(data)
-        shared_mode(tmp)
+        if existing is not None:
+            os.chmod(tmp, stat.S_IMODE(existing.st_mode))
+        else:
+            shared_mode(tmp)
         os.replace(tmp, path)
     except OSError as err:  # name the file meant, not the temporary one (a full disk has neither)
         raise OSError(err.errno, err.strerror, str(path)) from err

@@ -4,6 +4,9 @@ writable before any work, checkpoint storage is private and has room, and a writ
 
 from __future__ import annotations
 
+import os
+import stat
+import threading
 from pathlib import Path
 
 import pytest
@@ -394,3 +397,30 @@ def test_files_the_checkpoint_copy_cannot_copy_are_named_before_training(tmp_pat
         os.chdir(here)
     assert (tmp_path / "checkpoint" / "code" / "model_def.py").is_file()
     assert "mydata" in caplog.text and "the trained state is saved" in caplog.text
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making a character device needs root")
+def test_an_output_onto_a_device_or_a_pipe_writes_through_and_a_replaced_file_keeps_its_mode(
+    tmp_path: Path,
+) -> None:
+    """data.py --convert onto a character device (a /dev/null made here: renaming over the real
+    one as root would replace it) and onto a FIFO a reader waits on: the device stays a device, the
+    reader gets the file; an existing 0600 file is replaced with its mode kept."""
+    dev_v1 = str(ROOT / "squad_data" / "dev-v1.1-excerpt.json")
+    null = tmp_path / "null.jsonl"
+    os.mknod(null, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    code, _, err = run_main(["data.py", "--convert", dev_v1, "--out", str(null)])
+    assert code == 0 and stat.S_ISCHR(null.stat().st_mode), err
+    fifo, received = tmp_path / "pipe.jsonl", []
+    os.mkfifo(fifo)
+    reader = threading.Thread(target=lambda: received.append(fifo.read_bytes()))
+    reader.start()
+    code, _, err = run_main(["data.py", "--convert", dev_v1, "--out", str(fifo)])
+    reader.join(timeout=60)
+    assert code == 0 and stat.S_ISFIFO(fifo.stat().st_mode), err
+    kept = tmp_path / "kept.jsonl"
+    kept.write_text("old")
+    kept.chmod(0o600)
+    code, _, err = run_main(["data.py", "--convert", dev_v1, "--out", str(kept)])
+    assert code == 0 and stat.S_IMODE(kept.stat().st_mode) == 0o600, err
+    assert received == [kept.read_bytes()] and received[0].count(b"\n") > 100
