@@ -4,6 +4,7 @@ what a resume refuses."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -258,3 +259,27 @@ def test_a_length_that_trains_nothing(trained, tmp_path: Path, caplog) -> None:
     assert result["already_finished"] is True and result["steps_completed"] == 6
     assert result["f1"] == pytest.approx(trained_result["f1"]) and result["checkpoint"] == str(checkpoint)
     assert "already finished" in caplog.text
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="handing a checkpoint to another user needs root")
+def test_resume_latest_continues_only_your_own_checkpoints(trained, tmp_path: Path, caplog) -> None:
+    """In a storage root others can write, another user's checkpoint of the same settings with
+    more steps is listed and skipped: --resume latest continues yours."""
+    from tests.support.project import trained_config
+
+    checkpoint, _ = trained
+    config = str(trained_config(checkpoint))
+    storage = tmp_path / "shared" / "determined"
+    mine = shutil.copytree(checkpoint, storage / checkpoint.name)
+    code, longer, err = run_train(["--config", config, "--resume", str(mine), "--batches", "8",
+                                   "--checkpoint-dir", str(tmp_path / "theirs")])  # fmt: skip
+    assert code == 0, err[-3000:]
+    theirs = shutil.copytree(longer["checkpoint"], storage / "their-checkpoint")
+    for path in [theirs, *theirs.rglob("*")]:
+        os.lchown(path, 12345, 12345)
+    with caplog.at_level("INFO", logger="squad"):
+        code, result, err = run_train(["--config", config, "--resume", "latest", "--batches", "10",
+                                       "--checkpoint-dir", str(tmp_path / "shared")])  # fmt: skip
+    assert code == 0 and result["steps_completed"] == 10, err[-3000:]
+    assert f"continuing from {mine}" in caplog.text
+    assert "skipped 1 checkpoint(s)" in caplog.text and "their-checkpoint" in caplog.text

@@ -288,12 +288,18 @@ def latest_checkpoint(storage: Path, identity: dict[str, Any], flag: str) -> Pat
     """The complete checkpoint of this run (same identity) with the most steps in a local storage
     directory, or None (`--resume auto` then starts fresh; `--resume latest` refuses).
 
-    Every rank of a torchrun job decides alone; they agree because they read the same directory
-    (on several machines: shared storage, which resuming there needs anyway)."""
-    found, others = [], 0
+    Only checkpoints this user owns count: a storage root others can write (Determined makes
+    shared_fs roots 0777) may hold another user's checkpoint of the same settings with more
+    steps, which is listed and skipped, never trained on. Every rank of a torchrun job decides
+    alone; they agree because they read the same directory (on several machines: shared storage,
+    which resuming there needs anyway)."""
+    found, others, foreign = [], 0, []
     for path in storage.glob("*/metadata.json") if storage.is_dir() else []:
         if path.parent.name.startswith("."):
             continue  # a running resume's private copy (private_copy), not a checkpoint
+        if not owned_by_this_user(path.parent):
+            foreign.append(path.parent)
+            continue
         steps = steps_completed(path.parent)
         if steps is None:
             continue  # damaged or partial: never the one to resume from
@@ -302,6 +308,11 @@ def latest_checkpoint(storage: Path, identity: dict[str, Any], flag: str) -> Pat
             others += 1  # another experiment's, or another config's: not this run to continue
             continue
         found.append((steps, path.stat().st_mtime, path.parent))
+    if foreign:
+        logger.warning(
+            "--resume %s: skipped %d checkpoint(s) in %s that another user owns (%s); only your own are "
+            "continued", flag, len(foreign), storage, ", ".join(p.name for p in sorted(foreign)[:3]),
+        )  # fmt: skip
     if found:
         return max(found)[2]
     if flag == "auto":
@@ -312,6 +323,22 @@ def latest_checkpoint(storage: Path, identity: dict[str, Any], flag: str) -> Pat
         "--resume auto to start fresh when there is none, --resume DIR for a particular "
         "checkpoint, or give the --checkpoint-dir the run wrote to."
     )
+
+
+def owned_by_this_user(checkpoint: Path) -> bool:
+    """Whether the checkpoint directory and the records that say what it is (metadata.json,
+    experiment.json) are this user's, none of them a link."""
+    uid = os.getuid()
+    for path in (checkpoint, checkpoint / "metadata.json", checkpoint / "experiment.json"):
+        try:
+            info = path.lstat()
+        except FileNotFoundError:
+            continue  # a record it lacks: the identity check then decides
+        except OSError:
+            return False
+        if info.st_uid != uid or stat.S_ISLNK(info.st_mode):
+            return False
+    return True
 
 
 def resume_from(resume: str | Path, checkpoint_dir: Path, identity: dict[str, Any]) -> Path | None:
