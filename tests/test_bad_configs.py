@@ -61,6 +61,13 @@ PROBES: dict[str, tuple[Any, str]] = {
     "resources-list": (changed("resources", [1]), "resources"),
     "seed-word": (changed("reproducibility.experiment_seed", "abc"), "reproducibility.experiment_seed"),
     "seed-negative": (changed("reproducibility.experiment_seed", -1), "reproducibility.experiment_seed"),
+    "seed-2-to-the-32": (
+        changed("reproducibility.experiment_seed", 2**32),
+        "reproducibility.experiment_seed",
+    ),
+    "retention-word": (changed("checkpoint_storage.save_trial_latest", "abc"), "save_trial_latest"),
+    "epsilon-zero": (hp("adam_epsilon", 0), "adam_epsilon"),
+    "weight-decay-huge": (hp("weight_decay", 1e9), "weight_decay"),
     "reproducibility-number": (changed("reproducibility", 5), "reproducibility"),
     "scheduling-word": (changed("scheduling_unit", "often"), "scheduling_unit"),
     "scheduling-zero": (changed("scheduling_unit", 0), "scheduling_unit"),

@@ -89,11 +89,14 @@ class Hyperparameters:
     reference_batch_size: int | None = setting(
         None, "samples per optimizer step at which learning_rate is right (needed by lr_scaling)", minimum=1
     )
-    weight_decay: float = setting(0.01, "decoupled weight decay (not on biases / LayerNorm)", minimum=0)
+    weight_decay: float = setting(
+        0.01, "decoupled weight decay (not on biases / LayerNorm)", minimum=0, maximum=1,
+        why_maximum="each step shrinks a weight by learning_rate x weight_decay; fine-tuning uses 0-0.1",
+    )  # fmt: skip
     warmup_ratio: float = setting(
         0.1, "fraction of optimizer steps spent warming up linearly", minimum=0, below=1
     )
-    adam_epsilon: float = setting(1e-6, "the optimizer's epsilon", minimum=0)
+    adam_epsilon: float = setting(1e-6, "the optimizer's epsilon", above=0)  # 0 divides by zero
     adam_beta1: float = setting(0.9, "AdamW / RAdam / LAMB: decay of the gradient mean", minimum=0, below=1)
     adam_beta2: float = setting(
         0.999, "AdamW / RAdam / LAMB: decay of the squared-gradient average", minimum=0, below=1
