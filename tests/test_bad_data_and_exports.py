@@ -259,6 +259,8 @@ def test_an_onnx_model_with_other_inputs_or_outputs_is_refused(tmp_path: Path) -
         ("one-unrelated", "holds 1 tensor(s) the model has not"),
         ("int32-head", "tensor qa_outputs.weight is I32"),
         ("wrong-shape", "tensor qa_outputs.weight is F32 (3,"),
+        ("nan-head", "tensor qa_outputs.weight holds NaN or infinite values"),
+        ("inf-embedding", "holds NaN or infinite values"),
     ],
 )
 def test_predict_refuses_weights_that_are_not_the_models(
@@ -266,7 +268,8 @@ def test_predict_refuses_weights_that_are_not_the_models(
 ) -> None:
     """model.safetensors is checked against the model before anything loads: a file without the
     QA head, with a tensor the model has not, or with the head as integers or of another shape
-    would have left from_pretrained a random head (predict.py then answered with noise, exit 0)."""
+    would have left from_pretrained a random head (predict.py then answered with noise, exit 0);
+    one holding a NaN or an infinity answered "" everywhere."""
     import shutil
 
     import torch
@@ -283,6 +286,11 @@ def test_predict_refuses_weights_that_are_not_the_models(
         state["extra.weight"] = torch.zeros(2)
     elif change == "int32-head":
         state["qa_outputs.weight"] = state["qa_outputs.weight"].to(torch.int32)
+    elif change == "nan-head":  # a diverged run's head: "" answered everywhere, exit 0, before
+        state["qa_outputs.weight"][0, 0] = float("nan")
+    elif change == "inf-embedding":
+        name = next(k for k in state if "embeddings" in k and state[k].is_floating_point())
+        state[name].view(-1)[0] = float("inf")
     else:
         state["qa_outputs.weight"] = torch.zeros(3, state["qa_outputs.weight"].shape[1])
     save_file(state, weights)
@@ -315,3 +323,17 @@ def test_null_threshold_tuned_without_a_tuned_threshold_is_refused_before_the_mo
     code, out, err = run_main(["predict.py", "--checkpoint", str(planted), "--question", "Who won?",
                                "--context", "Denver won.", "--null-threshold", "tuned"])  # fmt: skip
     assert code == 2 and "holds no tuned threshold" in err and out == "", err
+
+
+def test_a_nan_logit_difference_fails_the_export_check() -> None:
+    """max(0.0, nan) is 0.0: a NaN difference read as a perfect match, so the 1e-3 check could
+    never fail on such an export."""
+    import numpy as np
+
+    from extractive_qa.serve import onnx_model
+
+    batch = {"attention_mask": np.ones((1, 4), dtype=np.int64)}
+    fine = (np.zeros((1, 4), dtype=np.float32), np.zeros((1, 4), dtype=np.float32))
+    broken = (np.full((1, 4), np.nan, dtype=np.float32), np.zeros((1, 4), dtype=np.float32))
+    assert onnx_model.max_logit_difference([batch], lambda b: fine, lambda b: fine) == 0.0
+    assert onnx_model.max_logit_difference([batch], lambda b: fine, lambda b: broken) == float("inf")

@@ -184,12 +184,17 @@ def max_logit_difference(
     batches: Iterable[dict[str, Any]], reference: Callable[[dict[str, Any]], Logits], candidate: OnnxLogits
 ) -> float:
     """The largest absolute start/end logit difference over the attended positions of `batches`
-    (padding positions carry no answer and are never read)."""
+    (padding positions carry no answer and are never read); infinite where either side gives a
+    NaN or an infinity (max() would keep the last finite value past a NaN, so a check against a
+    tolerance could never fail)."""
     worst = 0.0
     for batch in batches:
         ref_start, ref_end = reference(batch)
         start, end = candidate(batch)
         attended = np.asarray(batch["attention_mask"], dtype=bool)
         for a, b in ((ref_start, start), (ref_end, end)):
-            worst = max(worst, float(np.abs(a - b)[attended].max()))
+            difference = float(np.abs(a - b)[attended].max())
+            if not np.isfinite(difference):
+                return float("inf")
+            worst = max(worst, difference)
     return worst
