@@ -286,9 +286,11 @@ def list_checkpoint(
         found: list[Entry] = []
         for key, size in client.listing(loc.prefix + "/"):
             name = key[len(loc.prefix) + 1 :]
+            if not name:
+                continue  # the checkpoint directory's own marker (a console's "folder")
             if len(found) >= MAX_OBJECTS:
                 raise DataError(f"{what} {loc.url}: more than {MAX_OBJECTS:,} objects; not a checkpoint.")
-            if bad := _bad_part(name) if name else "an empty part":
+            if bad := _bad_part(name):
                 raise DataError(f"{what} {loc.url}: the object {key!r} has {bad}; refusing the checkpoint.")
             if wanted is None or wanted(name):
                 found.append(Entry(name, size))

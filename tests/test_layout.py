@@ -113,6 +113,20 @@ def test_the_trial_never_imports_serve() -> None:
     assert not offenders, offenders
 
 
+def trial_offenders(paths: list[Path]) -> list[str]:
+    """Files of what Determined's trial runs (model_def.py, trial/) that import the drivers around
+    Trainer.fit (launch/: train.py's job) or the serving stage."""
+    driven = ("extractive_qa.launch", "extractive_qa.serve")
+    return [p.name for p in paths if any(n.startswith(driven) for n in imported(p))]
+
+
+def test_the_trial_never_imports_the_drivers(tmp_path: Path) -> None:
+    assert trial_offenders([ROOT / "model_def.py", *(PACKAGE / "trial").glob("*.py")]) == []
+    planted = tmp_path / "model_def.py"  # the scan finds such an import
+    planted.write_text("from extractive_qa.launch import local_run\n")
+    assert trial_offenders([planted]) == ["model_def.py"]
+
+
 def test_the_package_is_its_stages() -> None:
     """Every folder is a stage with a reading line naming exactly its modules; nothing else sits
     at the package's top."""

@@ -1,6 +1,11 @@
 """Outputs and disk: no output lands on an input or in the upload, every output is checked
-writable before any work, checkpoint storage is private and has room, and a write that fails
-(a full disk) names the file and leaves nothing partial."""
+writable before any work, checkpoint storage is private and has room, a write that fails (a full
+disk) names the file and leaves nothing partial, and a device or pipe is written through, never
+replaced.
+
+One idea: where a command's bytes land and what stays intact around them -- the refusals before
+the work and the writes after it are the two halves of one promise.
+"""
 
 from __future__ import annotations
 
