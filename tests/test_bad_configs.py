@@ -209,15 +209,17 @@ def test_every_shipped_yaml_passes() -> None:
 @pytest.mark.parametrize(
     ("override", "needle"),
     [
-        ("hyperparameter.learning_rate=1", "hyperparameter"),
-        ("hyperparameters.learnin_rate=1", "learnin_rate"),
-        ("data.max_seq_len=128", "max_seq_len"),
-        ("optimizations.agregation_frequency=2", "agregation_frequency"),
+        ("hyperparameter.learning_rate=1", "(did you mean hyperparameters?)"),
+        ("hyperparameters.learnin_rate=1", "(did you mean hyperparameters.learning_rate?)"),
+        ("data.max_seq_len=128", "(did you mean data.max_seq_length?)"),
+        ("optimizations.agregation_frequency=2", "(did you mean optimizations.aggregation_frequency?)"),
+        ("data.zzzq=1", "data has no 'zzzq' (a typo?)"),
         ("no_equals_sign", "--set"),
         ("hyperparameters.global_batch_size=abc", "global_batch_size"),
     ],
 )
 def test_set_paths_that_do_not_exist_are_refused(override: str, needle: str) -> None:
+    """A --set typo is named with the nearest key, where one is close."""
     code, out, err = dry_run(ROOT / "local.yaml", "--set", override)
     assert code == 2 and needle in err and "Traceback" not in err, err
 

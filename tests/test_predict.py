@@ -47,6 +47,23 @@ def test_predict_runs_without_determined(trained) -> None:
     assert last_json(out.stdout)["answer"]
 
 
+@pytest.mark.parametrize(
+    ("given", "said"),
+    [
+        ("checkpoints/determined/UUID", "UUID stands for a checkpoint's directory name"),
+        ("no-such-checkpoint", "no such directory ({cwd}/no-such-checkpoint)"),
+        ("README.md", "{cwd}/README.md is a file, not a checkpoint directory"),
+    ],
+    ids=["placeholder", "missing", "a-file"],
+)
+def test_a_checkpoint_that_is_not_there_says_where_it_looked_and_what_to_run(given: str, said: str) -> None:
+    """Before training, or with the README's UUID pasted as is: what was looked for, where, and
+    the command that lists (or makes) a checkpoint."""
+    out = _predict("--checkpoint", given, "--question", "q", "--context", "c")
+    assert out.returncode == 2 and said.format(cwd=ROOT) in out.stderr, out.stderr
+    assert "train.py --checkpoints" in out.stderr
+
+
 def test_qa_settings_missing_a_key_is_a_clear_error(trained, tmp_path: Path) -> None:
     ckpt, _ = trained
     hf = tmp_path / "hf"

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import difflib
 import json
 import math
 import re
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -123,7 +125,9 @@ def _check_override_path(key: str) -> None:
     `data:` / `hyperparameters:`, or a key of the sections the master defines."""
     parts = key.split(".")
     if parts[0] not in TOP_LEVEL_KEYS:
-        raise ConfigError(f"--set {key}: {parts[0]!r} is not an experiment-config key (a typo?).")
+        raise ConfigError(
+            f"--set {key}: {parts[0]!r} is not an experiment-config key{_nearest(parts[0], TOP_LEVEL_KEYS)}."
+        )
     if len(parts) < 2:
         return
     known = {
@@ -134,8 +138,15 @@ def _check_override_path(key: str) -> None:
     }.get(parts[0])
     if known is not None and parts[1] not in known:
         raise ConfigError(
-            f"--set {key}: {parts[0]} has no {parts[1]!r} (a typo?); known: {', '.join(sorted(known))}."
+            f"--set {key}: {parts[0]} has no {parts[1]!r}{_nearest(parts[1], known, parts[0] + '.')}; "
+            f"known: {', '.join(sorted(known))}."
         )
+
+
+def _nearest(word: str, known: Collection[str], prefix: str = "") -> str:
+    """' (did you mean X?)' for the closest known name, or ' (a typo?)' where none is close."""
+    close = difflib.get_close_matches(word, sorted(known), n=1, cutoff=0.6)
+    return f" (did you mean {prefix}{close[0]}?)" if close else " (a typo?)"
 
 
 def apply_overrides(conf: dict[str, Any], overrides: list[str]) -> dict[str, Any]:

@@ -33,8 +33,27 @@ def find_hf_dir(checkpoint: str) -> Path:
     if not path.exists() and UUID.match(checkpoint):
         path = download_checkpoint(checkpoint)
     if not path.is_dir():
-        raise DataError(f"--checkpoint {checkpoint}: no such directory (or reachable UUID).")
+        raise DataError(f"--checkpoint {checkpoint}: {_not_a_directory(path)}")
     return _hf_dir_of(path, checkpoint)
+
+
+LIST_THEM = "`python3 train.py --checkpoints` lists the checkpoints a run wrote, with the path to paste"
+
+
+def _not_a_directory(path: Path) -> str:
+    """Why `path` names no checkpoint, with where it was looked for and the next command."""
+    where = Path.cwd() / path if not path.is_absolute() else path
+    if path.name == "UUID":
+        return (
+            "UUID stands for a checkpoint's directory name, the one a run printed "
+            f'("checkpoint": ...). {LIST_THEM}; none yet: train one first with `python3 train.py`.'
+        )
+    if path.exists():
+        return f"{where} is a file, not a checkpoint directory. {LIST_THEM}."
+    return (
+        f"no such directory ({where}), and not a Determined checkpoint UUID or an s3:// or gs:// URL. "
+        f"{LIST_THEM}; none yet: train one first with `python3 train.py`."
+    )
 
 
 def _hf_dir_of(path: Path, checkpoint: str) -> Path:
