@@ -7,6 +7,7 @@ comes from data.py; batches, optimizer, evaluation and callbacks from extractive
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from typing import Any
 
@@ -33,6 +34,7 @@ from extractive_qa.trial.callbacks import (
     TrialExtras,
 )
 from extractive_qa.trial.evaluation import SquadEvaluator, score_validation
+from extractive_qa.trial.finite_guard import FiniteCheckpoint, FiniteGuard
 from extractive_qa.trial.optimization import gradient_clipping, wrapped_optimization
 from extractive_qa.trial.optimizer_recipes import learning_rate_warning, radam_warning
 
@@ -103,6 +105,10 @@ class SquadTrial(pytorch.PyTorchTrial):
         self.optimizer, self.lr_scheduler = wrapped_optimization(
             self.context, self.plan, model, total, warmup
         )
+        on_cluster = det_internals.cluster_trial() is not None
+        self.finite = FiniteGuard(
+            hp, self.plan.learning_rate, on_cluster, loss_scaled=self.scaler is not None
+        )
         warnings = (radam_warning(hp, total, warmup), learning_rate_warning(self.plan.learning_rate))
         for warning in filter(None, warnings if self.context.distributed.rank == 0 else ()):
             logger.warning(warning)
@@ -146,7 +152,8 @@ class SquadTrial(pytorch.PyTorchTrial):
             with masks, self.autocast():
                 loss = self.span_loss(batch, batch_idx)
             self.context.backward(self.scaler.scale(loss) if self.scaler else loss)
-        clip = gradient_clipping(self.optimizer, self.scaler, self.plan.hparams.max_grad_norm)
+        norm_check = functools.partial(self.finite.gradient_norm, loss=loss.detach(), batch_idx=batch_idx)
+        clip = gradient_clipping(self.optimizer, self.scaler, self.plan.hparams.max_grad_norm, norm_check)
         lr = self.optimizer.param_groups[0]["lr"]  # the rate this step is taken with
         self.context.step_optimizer(self.optimizer, clip_grads=clip, scaler=self.scaler)
         if self.scaler and (batch_idx + 1) % self.plan.aggregation_frequency == 0:
@@ -195,6 +202,7 @@ class SquadTrial(pytorch.PyTorchTrial):
 
     def build_callbacks(self) -> dict[str, pytorch.PyTorchCallback]:
         callbacks: dict[str, pytorch.PyTorchCallback] = {
+            "finite_checkpoint": FiniteCheckpoint(self.finite),  # first: before anything is written
             "hf_export": HFExport(
                 self.model, self.tokenizer, lambda: self.qa, self.model_card, lambda: self.latest_outputs
             ),

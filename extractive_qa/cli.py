@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any
 
-from extractive_qa.errors import ConfigError, DataError, ScalingError
+from extractive_qa.errors import ConfigError, DataError, ScalingError, TrainingDiverged
 
 INTERRUPTED_EARLY = "interrupted before any work started; nothing to keep."
 WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG)  # only a write meets these
@@ -100,7 +100,7 @@ def boundary(main: Main) -> Main:
     def bounded(*args: Any, **kwargs: Any) -> Any:
         try:
             return main(*args, **kwargs)
-        except (ConfigError, DataError, ScalingError) as err:
+        except (ConfigError, DataError, ScalingError, TrainingDiverged) as err:
             return _error(str(err))
         except BrokenPipeError:  # `| head`: the reader has what it wanted
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -13,3 +13,8 @@ class DataError(Exception):
 
 class ScalingError(Exception):
     """A problem the user can fix; the message says which and how."""
+
+
+class TrainingDiverged(Exception):
+    """A run whose gradients or weights became NaN or infinite: the message names the step and the
+    settings that likely caused it; no checkpoint with such values was written."""

@@ -159,7 +159,22 @@ def read_safetensors(
             state[name] = tensor
         if file.read(1):
             raise fail("grew while it was read")
+    bad = non_finite(state.items())
+    if bad is not None:  # a NaN weight answers "" everywhere, trains to NaN and exports as such
+        raise fail(f"tensor {bad[:80]!r} holds NaN or infinite values (a diverged run, or a damaged file)")
     return state, size
+
+
+def non_finite(named: Any) -> str | None:
+    """The first name of (name, tensor) pairs whose floating-point tensor holds a NaN or an
+    infinity; None when every value is finite. Integer and bool tensors are finite by type."""
+    import torch
+
+    for name, tensor in named:
+        if isinstance(tensor, torch.Tensor) and tensor.is_floating_point():
+            if not bool(torch.isfinite(tensor).all()):
+                return str(name)
+    return None
 
 
 def read_weights(directory: Path, model: Any, hint: str) -> dict[str, Any]:

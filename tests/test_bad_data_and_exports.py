@@ -259,7 +259,7 @@ def test_an_onnx_model_with_other_inputs_or_outputs_is_refused(tmp_path: Path) -
         ("one-unrelated", "holds 1 tensor(s) the model has not"),
         ("int32-head", "tensor qa_outputs.weight is I32"),
         ("wrong-shape", "tensor qa_outputs.weight is F32 (3,"),
-        ("nan-head", "tensor qa_outputs.weight holds NaN or infinite values"),
+        ("nan-head", "tensor 'qa_outputs.weight' holds NaN or infinite values"),
         ("inf-embedding", "holds NaN or infinite values"),
     ],
 )

@@ -296,6 +296,31 @@ def test_truncated_latest_checkpoint_is_refused_before_training(two_slots, tmp_p
     assert re.search(r"\[rank=1\].*error: DET_LATEST_CHECKPOINT .*damaged or truncated checkpoint", log)
 
 
+@needs_containers
+def test_a_diverging_trial_ends_as_an_invalid_hyperparameter(tiny_bert: Path, tmp_path: Path) -> None:
+    """Two slots at a learning rate of 1e6: both ranks read the same averaged gradient norm, stop at
+    the same step and report an invalid hyperparameter (det.InvalidHP), so a search moves on;
+    the container exits 0 as Determined's does for it, the log names the setting, and the exit
+    checkpoint -- if one is written -- holds only finite values. Without the guard the trial
+    trained on to the end and checkpointed NaN weights."""
+    from safetensors.torch import load_file
+
+    from extractive_qa import model_files
+
+    conf, hp = shaped_like("distributed.yaml", tiny_bert, tmp_path, batches=8, slots=2)
+    hp["learning_rate"] = 1e6
+    cluster, record = trial_run(tmp_path, conf, hp, slots=2)
+    assert record.exit_codes == [0], record.failures()
+    assert cluster.master.early_exits == ["EXITED_REASON_INVALID_HP"] * 2  # one per rank
+    stops = re.findall(r"\[rank=(\d)\].*training stopped: at batch (\d+) the gradient norm", record.logs[0])
+    assert sorted(rank for rank, _ in stops) == ["0", "1"] and len({at for _, at in stops}) == 1, stops
+    assert "Likely: hyperparameters.learning_rate: a peak rate of 500000" in record.logs[0]  # sqrt-scaled
+    assert max((r["steps_completed"] for r in cluster.master.metrics), default=0) < 8
+    for ckpt in cluster.master.checkpoints:  # hf/ holds the weights state_dict.pth holds
+        weights = load_file(cluster.storage / ckpt.uuid / "hf" / "model.safetensors")
+        assert model_files.non_finite(weights.items()) is None
+
+
 class RunsACommand:
     """What a hostile checkpoint carries: unpickling it would run `command`."""
 

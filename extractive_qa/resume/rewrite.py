@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from extractive_qa import reading
+from extractive_qa import model_files, reading
 from extractive_qa.errors import ConfigError
 from extractive_qa.resume.archive import (
     PICKLE_LIMIT,
@@ -193,10 +193,6 @@ def check_group_settings(group: dict, fail: Any) -> None:
         raise fail(f"optimizer setting betas is {short(betas)}, not two numbers in [0, 1)")
 
 
-def finite(tensor: torch.Tensor) -> bool:
-    return not tensor.dtype.is_floating_point or bool(torch.isfinite(tensor).all())
-
-
 def check_model(model: dict, expected: ExpectedState, fail: Any) -> None:
     names = list(model)
     if names and all(isinstance(n, str) and n.startswith("module.") for n in names):  # DDP's ranks wrote it
@@ -223,7 +219,7 @@ def check_model(model: dict, expected: ExpectedState, fail: Any) -> None:
                 else type(tensor).__name__
             )
             raise fail(f"models_state_dict {name} is {got}, the model's is {shape} {dtype}")
-        if not finite(tensor):
+        if model_files.non_finite([(name, tensor)]):
             raise fail(f"models_state_dict {name} holds NaN or infinite values")
 
 
@@ -257,7 +253,7 @@ def check_optimizer(optimizer: dict, expected: ExpectedState, fail: Any) -> None
                 if tuple(value.shape) not in (shape, ()) or not value.dtype.is_floating_point:
                     got = f"{tuple(value.shape)} {value.dtype}"
                     raise fail(f"optimizer state {key} of {name} is {got}, the parameter is {shape}")
-                if not finite(value):
+                if model_files.non_finite([(key, value)]):
                     raise fail(f"optimizer state {key} of {name} holds NaN or infinite values")
             elif type(value) not in (int, float, bool) or not plain_tree(value):
                 raise fail(f"optimizer state {key} of {name} is {short(value)}, not a finite number")

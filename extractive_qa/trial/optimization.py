@@ -5,6 +5,8 @@ device). What each optimizer's settings should be is optimizer_recipes'.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -97,14 +99,14 @@ def wrapped_optimization(context: Any, plan: RunPlan, model: torch.nn.Module, to
     return optimizer, scheduler
 
 
-def gradient_clipping(optimizer: Any, scaler: Any, max_norm: float) -> Any:
-    """Determined's clip_grads for step_optimizer: fp16's gradients unscaled first, then clipped to
-    max_grad_norm (0: not clipped)."""
+def gradient_clipping(optimizer: Any, scaler: Any, max_norm: float, check_norm: Callable[[Any], None]) -> Any:
+    """Determined's clip_grads for step_optimizer, run after the gradients are averaged over ranks:
+    fp16's gradients unscaled first, their global norm handed to `check_norm` (finite_guard), then
+    clipped to max_grad_norm (0: not clipped; an infinite bound only measures)."""
 
     def clip(params: Any) -> None:
         if scaler:
             scaler.unscale_(optimizer)
-        if max_norm > 0:
-            torch.nn.utils.clip_grad_norm_(params, max_norm)
+        check_norm(torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else math.inf))
 
     return clip

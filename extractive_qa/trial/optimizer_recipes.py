@@ -29,6 +29,22 @@ def learning_rate_warning(lr: float) -> str | None:
     )
 
 
+def divergence_causes(hp: Hyperparameters, lr: float) -> str:
+    """The settings of this run that most often make fine-tuning diverge, as the config names them;
+    the learning rate when none looks unusual. `lr`: the peak rate (RunPlan.learning_rate)."""
+    causes = []
+    if lr > (1e-2 if hp.optimizer == "lamb" else 1e-3):
+        causes.append(f"hyperparameters.learning_rate: a peak rate of {lr:g} (fine-tuning rates are 1e-5 to "
+                      "1e-3, LAMB's up to ~1e-2)")  # fmt: skip
+    if hp.adam_epsilon < 1e-12:  # towards fp32's smallest numbers, and the optimizer divides by it
+        causes.append(f"hyperparameters.adam_epsilon: {hp.adam_epsilon:g} (1e-8 to 1e-6 divide safely)")
+    if hp.no_answer_loss_weight > 10:
+        causes.append(f"hyperparameters.no_answer_loss_weight: {hp.no_answer_loss_weight:g} (the recipe: 1)")
+    if hp.max_grad_norm == 0:
+        causes.append("hyperparameters.max_grad_norm: 0, so gradients are not clipped (the default: 1.0)")
+    return "; ".join(causes) or f"the learning rate ({lr:g}): lower hyperparameters.learning_rate"
+
+
 def radam_rectifier(step: int, beta2: float) -> float:
     """RAdam's factor on its adaptive step at optimizer step `step` (from 1), as torch.optim.RAdam
     computes it. While rho_t <= 5 (the first 5 steps) torch takes an un-normalized momentum step

@@ -138,6 +138,7 @@ class Master:
         self.system_metrics: list[dict[str, Any]] = []  # the profiler's (profiling.enabled)
         self.checkpoints: list[Checkpoint] = []
         self.progress: list[float] = []
+        self.early_exits: list[str] = []  # the reasons a trial reported (an invalid hyperparameter)
         self.calls: list[tuple[str, str]] = []
         self.errors: list[str] = []  # malformed or unknown calls: a test fails on any
         self.allocations: dict[str, Allocation] = {}
@@ -306,7 +307,9 @@ class Master:
             )
             return 200, b.v1GetTrialResponse(trial=trial).to_json()
         if method == "POST" and m(r"/api/v1/trials/\d+/early_exit", path):
-            b.v1TrialEarlyExit.from_json(gateway_body(body))
+            # Every rank reports it; the master sets the trial's exit reason each time and answers
+            # 200 (master/internal/trial.go, SetUserInitiatedEarlyExit).
+            self.early_exits.append(b.v1TrialEarlyExit.from_json(gateway_body(body)).reason.value)
             return 200, {}
         if (answer := self.handle_read(method, path, query, body)) is not None:
             return answer
