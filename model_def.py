@@ -29,6 +29,7 @@ from extractive_qa.trial.callbacks import (
     CheckpointRecord,
     HFExport,
     RankRandomState,
+    RecipeOptions,
     RunLog,
     SearcherStop,
     TrialExtras,
@@ -102,7 +103,7 @@ class SquadTrial(pytorch.PyTorchTrial):
         warns when the settings fall short (optimizer_recipes)."""
         total, hp = self.total_optimizer_steps(), self.plan.hparams
         warmup, self.answerable_first_steps = int(hp.warmup_ratio * total), int(hp.answerable_first * total)
-        self.optimizer, self.lr_scheduler = wrapped_optimization(
+        self.optimizer, self.lr_scheduler, self.schedule = wrapped_optimization(
             self.context, self.plan, model, total, warmup
         )
         on_cluster = det_internals.cluster_trial() is not None
@@ -203,6 +204,7 @@ class SquadTrial(pytorch.PyTorchTrial):
     def build_callbacks(self) -> dict[str, pytorch.PyTorchCallback]:
         callbacks: dict[str, pytorch.PyTorchCallback] = {
             "finite_checkpoint": FiniteCheckpoint(self.finite),  # first: before anything is written
+            "recipe_options": RecipeOptions(self.optimizer, self.schedule),
             "hf_export": HFExport(
                 self.model, self.tokenizer, lambda: self.qa, self.model_card, lambda: self.latest_outputs
             ),

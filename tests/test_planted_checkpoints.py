@@ -282,7 +282,18 @@ def _parameter(state: dict) -> None:  # a Parameter instead of a tensor: not wha
     model[name] = torch.nn.Parameter(model[name])
 
 
+def _negative_second_moment(state: dict) -> None:  # trained to NaN: Adam takes its square root
+    moments = state["optimizers_state_dict"][0]["state"]
+    moments[min(moments)]["exp_avg_sq"].view(-1)[0] = -1.0
+
+
+def _schedule_step(state: dict) -> None:  # the first resumed rate is computed from it
+    state["lr_schedulers_state_dict"][0]["last_epoch"] = -5
+
+
 EDITS = {
+    "negative-second-moment": (_negative_second_moment, "exp_avg_sq of"),
+    "schedule-step-not-a-count": (_schedule_step, "last_epoch is -5"),
     "moment-of-the-wrong-shape": (_moment, "exp_avg of"),
     "bad-torch-rng-state": (_rng, "torch's random state"),
     "bad-numpy-rng-state": (_numpy_rng, "NumPy's random state"),
@@ -301,6 +312,31 @@ def test_well_formed_but_wrong_state_is_named(edit: str, trained, tmp_path: Path
     code, _, err = resume(checkpoint, planted, tmp_path)
     refused(code, err, "state_dict.pth", needle)
     nothing_written(tmp_path)
+
+
+def _switched_options(state: dict) -> None:
+    """Every option a saved parameter group can carry, set as a checkpoint could set it."""
+    for group in state["optimizers_state_dict"][0]["param_groups"]:
+        group.update(maximize=True, amsgrad=True, capturable=True, differentiable=True, fused="str",
+                     foreach=False, weight_decay=5.0, betas=(0.5, 0.5), eps=0.5)  # fmt: skip
+    state["lr_schedulers_state_dict"][0]["base_lrs"] = [0.5, 0.5]
+
+
+def test_a_resume_takes_tensors_and_steps_not_options(trained, tmp_path: Path) -> None:
+    """A checkpoint whose parameter groups switch the optimizer (uphill, AMSGrad, capturable, a
+    `fused` string, other betas, decay, epsilon and peak rates) resumes exactly as the genuine one:
+    the options are this run's. Before, torch took them: tracebacks, or training uphill, exit 0."""
+    from safetensors.torch import load_file
+
+    checkpoint, _ = trained
+    results = []
+    for name, edit in (("genuine", lambda state: None), ("switched", _switched_options)):
+        planted = edited_state(checkpoint, tmp_path / name, edit)
+        code, result, err = resume(checkpoint, planted, tmp_path / name)
+        assert code == 0 and result is not None, err[-3000:]
+        results.append(load_file(Path(result["checkpoint"]) / "hf" / "model.safetensors"))
+    genuine, switched = results
+    assert all(torch.equal(genuine[k], switched[k]) for k in genuine)
 
 
 def _trial_state(checkpoint: Path, tmp: Path, state: Any) -> Path:

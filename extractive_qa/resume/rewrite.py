@@ -140,6 +140,9 @@ def check_state(state: Any, expected: ExpectedState, where: str) -> None:
     check_optimizer(optimizers[0], expected, fail)
     if not all(type(k) is str and plain_tree(v) for k, v in schedulers[0].items()):
         raise fail("lr_schedulers_state_dict holds more than numbers")
+    step = schedulers[0].get("last_epoch")
+    if type(step) is not int or not 0 <= step <= MAX_STEP:  # the first resumed rate is computed from it
+        raise fail(f"lr_schedulers_state_dict's last_epoch is {short(step)}, not a count of optimizer steps")
     if "scaler_state_dict" in state and not (
         isinstance(state["scaler_state_dict"], dict) and plain_tree(state["scaler_state_dict"])
     ):
@@ -178,6 +181,11 @@ def plain_tree(value: Any) -> bool:
 # An optimizer group's settings a resume takes over: each finite and in its range (an lr of NaN
 # would train to F1 0 and write a NaN checkpoint).
 GROUP_RANGES = {"lr": (0.0, 1.0), "eps": (0.0, 1.0), "weight_decay": (0.0, 10.0), "initial_lr": (0.0, 1.0)}
+
+
+# Per-parameter state that is a count or a mean of squares: never below zero.
+NON_NEGATIVE_MOMENTS = ("step", "exp_avg_sq", "max_exp_avg_sq")
+MAX_STEP = 2**40
 
 
 def check_group_settings(group: dict, fail: Any) -> None:
@@ -255,6 +263,8 @@ def check_optimizer(optimizer: dict, expected: ExpectedState, fail: Any) -> None
                     raise fail(f"optimizer state {key} of {name} is {got}, the parameter is {shape}")
                 if model_files.non_finite([(key, value)]):
                     raise fail(f"optimizer state {key} of {name} holds NaN or infinite values")
+                if key in NON_NEGATIVE_MOMENTS and bool((value < 0).any()):  # its square root is taken
+                    raise fail(f"optimizer state {key} of {name} holds negative values (a mean of squares)")
             elif type(value) not in (int, float, bool) or not plain_tree(value):
                 raise fail(f"optimizer state {key} of {name} is {short(value)}, not a finite number")
 

@@ -20,7 +20,7 @@ from extractive_qa import det_internals
 from extractive_qa.files import shared_mode, write_text_atomic
 from extractive_qa.qa import qa_settings
 from extractive_qa.resume.identity import IDENTITY_RECORD
-from extractive_qa.trial import model_io
+from extractive_qa.trial import model_io, optimization
 
 logger = logging.getLogger("squad")
 
@@ -139,6 +139,18 @@ class RunLog(pytorch.PyTorchCallback):
 
     def on_checkpoint_write_end(self, checkpoint_dir: str) -> None:
         self.checkpoint = str(checkpoint_dir)
+
+
+class RecipeOptions(pytorch.PyTorchCallback):
+    """A resume takes the optimizer's options and peak rates from this run's recipe, and from the
+    checkpoint only tensors and step counts (optimization.take_recipe_options): called before
+    Determined loads the optimizer and schedule (pytorch/_pytorch_trial.py:913-914, 957-974)."""
+
+    def __init__(self, optimizer: Any, schedule: Any) -> None:
+        self.optimizer, self.schedule = optimizer, schedule
+
+    def on_checkpoint_load_start(self, checkpoint: dict[str, Any]) -> None:
+        optimization.take_recipe_options(checkpoint, self.optimizer, self.schedule)
 
 
 class HFExport(pytorch.PyTorchCallback):

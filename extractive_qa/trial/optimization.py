@@ -85,18 +85,41 @@ def linear_warmup_decay(total_steps: int, warmup_steps: int) -> Any:
 
 def wrapped_optimization(context: Any, plan: RunPlan, model: torch.nn.Module, total: int, warmup: int) -> Any:
     """The optimizer and its schedule wrapped for Determined: gradients averaged over
-    aggregation_frequency batches as the plan says, the schedule stepped once per optimizer step."""
+    aggregation_frequency batches as the plan says, the schedule stepped once per optimizer step.
+    Returns (optimizer, wrapped schedule, the schedule itself: RecipeOptions reads its factors)."""
     from determined import pytorch
 
     optimizer = context.wrap_optimizer(
         build_optimizer(model, plan.hparams, plan.learning_rate, context.device),
         average_aggregated_gradients=plan.average_aggregated_gradients,
     )
-    scheduler = context.wrap_lr_scheduler(
-        torch.optim.lr_scheduler.LambdaLR(optimizer, linear_warmup_decay(total, warmup)),
-        step_mode=pytorch.LRScheduler.StepMode.STEP_EVERY_OPTIMIZER_STEP,
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, linear_warmup_decay(total, warmup))
+    wrapped = context.wrap_lr_scheduler(
+        schedule, step_mode=pytorch.LRScheduler.StepMode.STEP_EVERY_OPTIMIZER_STEP
     )
-    return optimizer, scheduler
+    return optimizer, wrapped, schedule
+
+
+def take_recipe_options(checkpoint: dict[str, Any], optimizer: Any, schedule: Any) -> None:
+    """A checkpoint about to be loaded (Determined's dict, before its optimizer and schedule load
+    it), changed so that a resume takes from it only tensors and step counts.
+
+    torch's Optimizer.load_state_dict takes every option of each saved parameter group (`maximize`,
+    `amsgrad`, `capturable`, `fused`, betas, weight decay...), and LambdaLR its base rates: a
+    checkpoint could switch the optimizer's behaviour, and a GPU run's `fused` fails on a CPU. Here
+    each group takes this run's options (its optimizer as the recipe built it, on this device),
+    the schedule this run's peak rates, and the rate of the first resumed step is the schedule's
+    own at the saved step: peak x factor(last_epoch), as LambdaLR computes it."""
+    saved_schedule = checkpoint["lr_schedulers_state_dict"][0]
+    step = saved_schedule["last_epoch"]
+    peaks = list(schedule.base_lrs)
+    rates = [peak * factor(step) for peak, factor in zip(peaks, schedule.lr_lambdas, strict=True)]
+    saved_schedule.update(base_lrs=peaks, _last_lr=list(rates))
+    saved = checkpoint["optimizers_state_dict"][0]
+    saved["param_groups"] = [
+        {**{k: v for k, v in group.items() if k != "params"}, "lr": rate, "params": kept["params"]}
+        for group, kept, rate in zip(optimizer.param_groups, saved["param_groups"], rates, strict=True)
+    ]
 
 
 def gradient_clipping(optimizer: Any, scaler: Any, max_norm: float, check_norm: Callable[[Any], None]) -> Any:
