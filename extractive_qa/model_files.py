@@ -46,12 +46,35 @@ def model_config(directory: Path) -> Any:
             "from a model directory is run); give a directory written by save_pretrained."
         )
     try:
-        return CONFIG_MAPPING[model_type].from_dict(raw)
-    except (TypeError, ValueError, KeyError) as err:
+        config = CONFIG_MAPPING[model_type].from_dict(raw)
+    except Exception as err:  # a config class's validators raise errors of their own
         raise reading.UnreadableFile(
             f"{path}: not a {model_type} config ({str(err)[:200]}); give a directory written by "
             "save_pretrained."
         ) from None
+    layers_within_weights(config, directory)
+    return config
+
+
+def layers_within_weights(config: Any, directory: Path) -> None:
+    """Refuse a config.json naming more layers than the directory's weights hold tensors, before
+    any model of it is built (a model of a million layers takes minutes and gigabytes to build,
+    even on the meta device). Every layer stores at least one tensor of its own, except ALBERT's,
+    which share a group whose tensors outnumber the layers of any ALBERT."""
+    layers = getattr(config, "num_hidden_layers", None)
+    if type(layers) is not int or layers <= 1:
+        return
+    tensors = 0
+    for path in weight_files(directory):  # the headers' names only; read_safetensors checks the rest
+        with reading.open_regular(path, reading.WEIGHTS) as file:
+            head, _ = header_bytes(file, path, "save the model again with save_pretrained")
+        header = reading.parse_json(head[8:], path, "safetensors header")
+        tensors += len(set(header) - {"__metadata__"}) if isinstance(header, dict) else 0
+    if layers > tensors:
+        raise reading.UnreadableFile(
+            f"{directory / CONFIG}: num_hidden_layers is {layers:,}, more layers than its weights hold "
+            f"tensors ({tensors:,}); give the config.json saved with these weights."
+        )
 
 
 def weight_files(directory: Path) -> list[Path]:
@@ -124,6 +147,23 @@ def safetensors_header(head: bytes, body: int, shown: Path, hint: str) -> dict[s
     return header
 
 
+def header_bytes(file: Any, path: Path, hint: str) -> tuple[bytes, int]:
+    """The length prefix and JSON header of the safetensors file open as `file` (read from its
+    start, bounded by HEADER_LIMIT and the file's size), and the file's size."""
+    size = os.fstat(file.fileno()).st_size
+    prefix = file.read(8)
+    if len(prefix) < 8:
+        raise reading.UnreadableFile(
+            f"{path}: cannot load the model: is too short to be a safetensors file; {hint}."
+        )
+    (length,) = struct.unpack("<Q", prefix)
+    if length > min(HEADER_LIMIT, size - 8):
+        raise reading.UnreadableFile(
+            f"{path}: cannot load the model: has a header longer than the file; {hint}."
+        )
+    return prefix + file.read(length), size
+
+
 def read_safetensors(
     path: Path, limit: int, hint: str, check: Callable[[dict[str, Any]], None] | None = None
 ) -> tuple[dict[str, Any], int]:
@@ -139,14 +179,7 @@ def read_safetensors(
     if sys.byteorder != "little":
         raise fail("safetensors stores little-endian numbers, and this machine is big-endian")
     with reading.open_regular(path, reading.WEIGHTS, limit=limit) as file:
-        size = os.fstat(file.fileno()).st_size
-        prefix = file.read(8)
-        if len(prefix) < 8:
-            raise fail("is too short to be a safetensors file")
-        (length,) = struct.unpack("<Q", prefix)
-        if length > min(HEADER_LIMIT, size - 8):
-            raise fail("has a header longer than the file")
-        head = prefix + file.read(length)
+        head, size = header_bytes(file, path, hint)
         header = safetensors_header(head, size - len(head), path, hint)
         if check is not None:
             check(header)

@@ -108,6 +108,32 @@ def test_weights_over_what_the_model_can_hold_are_refused_by_name_before_a_read(
         model_io.load_qa_model(str(model))
 
 
+def test_a_config_deeper_than_its_weights_is_refused_before_a_model_is_built(
+    tiny_bert: Path, trained, tmp_path: Path
+) -> None:
+    """num_hidden_layers: 1000000 built a model of a million layers on the meta device (minutes,
+    gigabytes) before the weights were compared; now the count of the weights' tensors bounds it,
+    for the model a run trains from and for the checkpoint predict.py answers from."""
+    checkpoint, _ = trained
+    model, hf = (
+        shutil.copytree(tiny_bert, tmp_path / "model"),
+        shutil.copytree(checkpoint, tmp_path / "ck") / "hf",
+    )
+    for directory in (model, hf):
+        raw = json.loads((directory / "config.json").read_text())
+        (directory / "config.json").write_text(json.dumps({**raw, "num_hidden_layers": 1_000_000}))
+    deeper = "num_hidden_layers is 1,000,000, more layers than its weights hold tensors"
+    config = write_yaml(tiny_config(model, tmp_path), tmp_path / "exp.yaml")
+    code, _, err = run_train(
+        ["--config", str(config), "--checkpoint-dir", str(tmp_path / "c"), "--batches", "1"]
+    )
+    assert code == 2 and deeper in err and "model/config.json" in err, err[-2000:]
+    code, _, err = run_main(
+        ["predict.py", "--checkpoint", str(hf.parent), "--question", "Who?", "--context", "Al."]
+    )
+    assert code == 2 and deeper in err and "hf/config.json" in err, err[-2000:]
+
+
 def test_pickled_weights_alone_are_refused_naming_the_file(tiny_bert: Path, tmp_path: Path) -> None:
     from safetensors.torch import load_file
 
