@@ -18,6 +18,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import stat
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -181,16 +182,65 @@ def _finite(text: str) -> float:
     return value
 
 
+# Parsing builds objects far larger than their text: an object costs about 200 bytes however short
+# `{}` is, a list about 60, every item a pointer and often an object of its own. A document is
+# refused, before it is parsed, when these counts from its text alone exceed JSON_MEMORY_MULTIPLE
+# times its length: `{},{},...` counts 81, SQuAD files 3 to 5, a tokenizer's vocabulary about 10.
+JSON_MEMORY_MULTIPLE = 24
+JSON_COSTS = {"{": 200, "[": 60, ",": 40}
+# A \u escape of a UTF-16 surrogate: the only way a decoded document can hold a lone surrogate.
+SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
 def parse_json(data: bytes | str, shown: Path | str, what: str = "JSON") -> Any:
-    """JSON with unique keys and finite numbers; nesting deeper than the parser's stack, text that
-    is not UTF-8 or an integer of thousands of digits is an UnreadableFile naming `shown`."""
+    """JSON with unique keys, finite numbers and text UTF-8 can hold, within JSON_MEMORY_MULTIPLE;
+    nesting deeper than the parser's stack, text that is not UTF-8, a lone surrogate escape or an
+    integer of thousands of digits is an UnreadableFile naming `shown`."""
     try:
         text = data.decode("utf-8-sig") if isinstance(data, bytes) else data
-        return json.loads(text, object_pairs_hook=_unique, parse_constant=_constant, parse_float=_finite)
+    except UnicodeDecodeError as err:
+        raise UnreadableFile(f"{shown}: is not readable {what} ({str(err)[:200]}).") from None
+    cost = len(text) + sum(weight * text.count(mark) for mark, weight in JSON_COSTS.items())
+    if cost > JSON_MEMORY_MULTIPLE * max(len(text), 64):
+        raise UnreadableFile(
+            f"{shown}: is {what} of {len(text):,} characters whose objects, lists and items would take "
+            f"about {cost / max(len(text), 1):.0f} times that in memory (more than {JSON_MEMORY_MULTIPLE}); "
+            "real data is mostly text."
+        )
+    try:
+        value = json.loads(text, object_pairs_hook=_unique, parse_constant=_constant, parse_float=_finite)
     except RecursionError:
         raise UnreadableFile(f"{shown}: is not readable {what} (nested too deeply).") from None
-    except (UnicodeDecodeError, ValueError) as err:
-        raise UnreadableFile(f"{shown}: is not readable {what} ({str(err)[:200]}).") from None
+    except ValueError as err:
+        raise UnreadableFile(
+            f"{shown}: is not readable {what} ({str(err)[:200]}; invalid or truncated JSON)."
+        ) from None
+    if SURROGATE_ESCAPE.search(text):
+        _refuse_lone_surrogates(value, shown, what)
+    return value
+
+
+def _refuse_lone_surrogates(value: Any, shown: Path | str, what: str) -> None:
+    """A string (key or value) of the parsed document holding a lone surrogate -- from an escape
+    such as \\ud800, not text, which no tokenizer or output file takes -- named by its place."""
+    stack: list[tuple[Any, str]] = [(value, "")]
+    while stack:
+        item, place = stack.pop()
+        if isinstance(item, dict):
+            stack += [(k, f"{place} key") for k in item] + [
+                (v, f"{place}.{k}"[:120]) for k, v in item.items()
+            ]
+        elif isinstance(item, list):
+            stack += [(v, f"{place}[{i}]") for i, v in enumerate(item)]
+        elif isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError as err:
+                code, at = ord(item[err.start]), place.lstrip(".") or "its top"
+                raise UnreadableFile(
+                    f"{shown}: {what} holds a lone surrogate (\\u{code:04x}) at {at}, which is not text; "
+                    "fix that escape in the file."
+                ) from None
 
 
 def read_json(path: Path | str, kind: Kind, *, follow_links: bool = True, what: str = "JSON") -> Any:

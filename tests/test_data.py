@@ -255,7 +255,7 @@ def test_two_urls_with_the_same_file_name_get_their_own_download(http_dir, tmp_p
 
 @pytest.mark.parametrize(
     ("text", "needle"),
-    [('{"data": ' + "[" * 100000 + "]" * 100000 + "}", "nested too deeply"),
+    [('{"data": ' + "[   " * 100000 + "]" * 100000 + "}", "nested too deeply"),
      ('{"version": "1.1", "x": ' + "9" * 5000 + ', "data": []}', "not readable SQuAD JSON")],
 )  # fmt: skip
 def test_hostile_json_is_a_named_error(text: str, needle: str, tmp_path: Path) -> None:

@@ -99,6 +99,43 @@ def test_bad_jsonl_record_named_by_line_and_field(name: str, tmp_path: Path) -> 
     assert str(path) in str(err.value) and message in str(err.value)
 
 
+def _parquet(path: Path, rows: int, context: Any, qid: Any = "q") -> Path:
+    """A flat-schema Parquet file of `rows` questions; `context` and `qid` map a row to its values."""
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    answers = {"text": ["Denver"], "answer_start": [0]}
+    table = pa.table({"id": [qid(i) if callable(qid) else qid for i in range(rows)], "title": ["t"] * rows,
+                      "context": [context(i) for i in range(rows)], "question": ["Who won?"] * rows,
+                      "answers": [answers] * rows})  # fmt: skip
+    pq.write_table(table, path)
+    return path
+
+
+def test_parquet_is_bounded_by_its_metadata_before_a_column_is_read(tmp_path: Path, monkeypatch) -> None:
+    """Parquet stores a run of equal rows in a few bytes: 200,000 rows in 5 KB once materialised
+    as 200,000 Python records (hundreds of MB) before a check; 20 contexts of 100,000 characters
+    compress to little. Both are refused from the file's metadata, naming what it promises."""
+    same = _parquet(tmp_path / "same.parquet", 200_000, lambda i: "Denver won.")
+    with pytest.raises(
+        DataError, match=r"same.parquet: its metadata promises 200,000 rows .* one row per 32"
+    ):
+        squad_files.load_squad(same, training=False)
+    wide = _parquet(tmp_path / "wide.parquet", 20, lambda i: f"Denver won {i}. " + "x" * 100_000, str)
+    monkeypatch.setenv("EXTRACTIVE_QA_MAX_INPUT_MB", "1")
+    with pytest.raises(DataError, match=r"wide.parquet: .* and 2,0\d\d,\d\d\d decoded bytes .* 1,048,576"):
+        squad_files.load_squad(wide, training=False)
+    monkeypatch.delenv("EXTRACTIVE_QA_MAX_INPUT_MB")
+    assert len(squad_files.load_squad(wide, training=False).examples) == 20
+
+
+def test_parquet_rows_share_their_context_string(tmp_path: Path) -> None:
+    """A context a dictionary stores once is one Python string for all its rows, not one each."""
+    shared = _parquet(tmp_path / "shared.parquet", 50, lambda i: "Denver won. " * 1000, str)
+    records = list(flat_squad.parquet_records(shared, shared.read_bytes()))
+    assert len({id(r.record["context"]) for r in records}) == 1 and len(records) == 50
+
+
 def test_bad_parquet_named(tmp_path: Path) -> None:
     pa = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq

@@ -138,8 +138,10 @@ def test_a_link_is_refused_where_links_are_not_followed(tmp_path: Path) -> None:
         ('{"steps_completed": NaN}', "not a finite number"),
         ('{"steps_completed": 1e999}', "beyond the range"),
         ('{"a": 1, "a": 2}', "given twice"),
-        ("[" * 200_000 + "]" * 200_000, "nested too deeply"),
+        ("[   " * 200_000 + "]" * 200_000, "nested too deeply"),
         ('{"n": ' + "9" * 5000 + "}", "digits"),
+        ("[" + "{}," * 100_000 + "{}]", "about 81 times that in memory"),  # 100,000 dicts: 20 MB from 300 KB
+        ('{"qas": [{"id": "a\\ud800"}]}', r"lone surrogate \(\\ud800\) at qas\[0\]\.id,"),
         ("\xff", "not readable"),
     ],
 )
@@ -150,6 +152,7 @@ def test_json_that_is_not_strictly_json_is_named(tmp_path: Path, text: str, need
         reading.read_json(path, reading.RECORD)
     assert str(path) in str(caught.value)
     assert json.loads('{"ok": 1.5}') == reading.parse_json(b'{"ok": 1.5}', "x")
+    assert reading.parse_json('["\\ud83d\\ude00"]', "x") == ["\U0001f600"]  # a pair is one character
 
 
 def test_a_small_file_is_read_without_a_buffer_the_size_of_the_limit(tmp_path: Path) -> None:

@@ -78,24 +78,66 @@ def json_records(path: Path, text: str) -> Iterator[FlatRecord]:
         yield FlatRecord(f"{path}: line {number}", record)
 
 
+# Parquet stores a repeated string once (a dictionary) and a run of rows in a few bytes, so its size
+# says little about what reading it makes. Before any column is read, its metadata must promise at
+# most one row per PARQUET_BYTES_PER_ROW bytes of file (SQuAD's own Parquet has one per 120 to 170)
+# and decoded columns within the data limit (the limit a JSON file's text has); the contexts and
+# titles stay one Python string per distinct value, shared by their rows.
+PARQUET_BYTES_PER_ROW = 32
+SHARED_COLUMNS = ("title", "context")
+
+
 def parquet_records(path: Path, raw: bytes) -> Iterator[FlatRecord]:
     """The rows of a Parquet file in the flat schema (needs pyarrow), read from `raw`, the bytes
-    already read (and digested) by the caller."""
+    already read (and digested) by the caller, within the bounds above."""
     pq = _pyarrow_parquet(f"{path} is Parquet")
     import pyarrow as pa
 
     try:
-        table = pq.read_table(pa.BufferReader(raw))
+        parquet = pq.ParquetFile(pa.BufferReader(raw))
+        meta, names = parquet.metadata, parquet.schema_arrow.names
+        decoded = sum(
+            meta.row_group(g).column(c).total_uncompressed_size
+            for g in range(meta.num_row_groups)
+            for c in range(meta.num_columns)
+        )
     except Exception as err:  # pyarrow raises its own error kinds for damaged files
         raise DataError(f"{path}: unreadable Parquet ({str(err).splitlines()[0][:200]}).") from None
-    missing = [name for name in FIELDS if name != "title" and name not in table.column_names]
+    if meta.num_rows > len(raw) // PARQUET_BYTES_PER_ROW or decoded > reading.DATA.bytes:
+        raise DataError(
+            f"{path}: its metadata promises {meta.num_rows:,} rows and {decoded:,} decoded bytes from "
+            f"{len(raw):,} bytes of file; at most one row per {PARQUET_BYTES_PER_ROW} bytes and "
+            f"{reading.DATA.bytes:,} decoded bytes ({reading.DATA.override} raises the second) are read."
+        )
+    missing = [name for name in FIELDS if name != "title" and name not in names]
     if missing:
         raise DataError(
-            f"{path}: Parquet columns {table.column_names} lack {missing}; the flat squad schema "
-            f"has columns {list(FIELDS)}."
+            f"{path}: Parquet columns {names} lack {missing}; the flat squad schema has columns "
+            f"{list(FIELDS)}."
         )
-    for row, record in enumerate(table.to_pylist()):
-        yield FlatRecord(f"{path}: row {row}", record)
+    try:
+        shared = [name for name in SHARED_COLUMNS if name in names]
+        table = pq.ParquetFile(pa.BufferReader(raw), read_dictionary=shared).read()
+    except Exception as err:  # as above
+        raise DataError(f"{path}: unreadable Parquet ({str(err).splitlines()[0][:200]}).") from None
+    columns = {name: _column_values(table.column(name)) for name in names}
+    for row in range(table.num_rows):
+        yield FlatRecord(f"{path}: row {row}", {name: values[row] for name, values in columns.items()})
+
+
+def _column_values(column: Any) -> list[Any]:
+    """A column's values as Python objects; a dictionary-encoded column's values made once and
+    shared by every row that holds them."""
+    import pyarrow as pa
+
+    values: list[Any] = []
+    for chunk in column.chunks:
+        if pa.types.is_dictionary(chunk.type):
+            distinct = chunk.dictionary.to_pylist()
+            values += [None if i is None else distinct[i] for i in chunk.indices.to_pylist()]
+        else:
+            values += chunk.to_pylist()
+    return values
 
 
 def datasets_records(source: str) -> tuple[list[FlatRecord], str]:
