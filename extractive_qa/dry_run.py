@@ -219,12 +219,15 @@ LISTED_POINTS = 12
 
 
 def _points(period: Length | None, per_epoch: int | None, total: int, start: bool) -> dict[str, Any] | None:
-    """Batch indices at which a period fires, with the end of training (Determined's last one)."""
+    """Batch indices at which a period fires, with the end of training (Determined's last one):
+    counted, and the first ones listed, without making the list (a run may be 10**12 batches)."""
     every = total_batches(period, per_epoch) if period is not None else None
-    marks = list(range(every, total + 1, every)) if every else []
-    marks = sorted({*([0] if start else []), *marks, total})
-    shown = marks if len(marks) <= LISTED_POINTS else [*marks[: LISTED_POINTS - 1], marks[-1]]
-    return {"count": len(marks), "at_batches": shown, "every_batches": every}
+    multiples = total // every if every else 0  # every, 2 x every, ... up to total
+    listed = (every * i for i in range(1, min(multiples, LISTED_POINTS) + 1)) if every else ()
+    head = sorted({*([0] if start else []), *listed} - {total})
+    count = int(start) + multiples + (0 if multiples and total % every == 0 else 1)
+    shown = [*head, total] if count <= LISTED_POINTS else [*head[: LISTED_POINTS - 1], total]
+    return {"count": count, "at_batches": shown, "every_batches": every}
 
 
 def count_plan(plan: RunPlan, conf: dict[str, Any], slots: int, windows: WindowCount) -> dict[str, Any]:

@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from extractive_qa import cli
+from tests.support.cli_result import last_json
 from tests.support.project import DEV_V1, ROOT, run_main
 
 ENTRY_POINTS = [
@@ -112,10 +113,15 @@ def test_yaml_aliases_that_loop_or_explode_are_refused_before_any_walk(
         assert str(path) in line and said in line
 
 
-def test_counts_too_large_to_plan_are_one_line(tmp_path: Path) -> None:
-    one_error_line(["train.py", "--dry-run", "--batches", "1000000000000"])
+def test_a_long_run_is_counted_and_a_length_past_the_masters_is_one_line(tmp_path: Path) -> None:
+    """The dry run made a list of every validation point: 10**12 batches ran out of memory."""
+    code, out, err = run_main(["train.py", "--dry-run", "--batches", "1000000000000"])
+    plan = last_json(out)
+    assert (
+        code == 0 and plan["validations"]["count"] > 10**9 and len(plan["validations"]["at_batches"]) <= 12
+    ), err
     huge = local_yaml(tmp_path, "huge.yaml", {"hyperparameters.train_length": {"batches": 10**22}})
-    one_error_line(["train.py", "--config", str(huge), "--dry-run"])
+    assert "2**63 - 1" in one_error_line(["train.py", "--config", str(huge), "--dry-run"])
 
 
 def test_values_out_of_range_are_named(tmp_path: Path) -> None:

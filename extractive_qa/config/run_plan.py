@@ -90,6 +90,9 @@ class RunPlan:
         }
 
 
+MAX_LENGTH = 2**63 - 1  # the master stores batch counts as 64-bit integers
+
+
 def _length(value: Any, field: str, allow_records: bool = False) -> Length | None:
     """A Determined length: {batches: N} or {epochs: N}.
 
@@ -102,11 +105,14 @@ def _length(value: Any, field: str, allow_records: bool = False) -> Length | Non
         ((unit, n),) = value.items()
         if unit in ("batches", "epochs", "records") and n == 0 and not isinstance(n, bool):
             return None
-        if unit in ("batches", "epochs") and isinstance(n, int) and n > 0:
+        if unit in ("batches", "epochs") and isinstance(n, int) and 0 < n <= MAX_LENGTH:
             return Length(unit, n)
         if unit == "records" and not allow_records:
             raise ConfigError(f"{field}: use batches or epochs (records are not supported).")
-    raise ConfigError(f"{field}: expected {{batches: N}} or {{epochs: N}} with N > 0, got {value!r}.")
+    raise ConfigError(
+        f"{field}: expected {{batches: N}} or {{epochs: N}} with 0 < N <= 2**63 - 1 (the master's counts are "
+        f"64-bit), got {str(value)[:80]}."
+    )
 
 
 def training_length(conf: dict[str, Any], hparams: dict[str, Any]) -> Length:
