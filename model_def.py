@@ -35,7 +35,7 @@ from extractive_qa.trial.callbacks import (
     TrialExtras,
 )
 from extractive_qa.trial.evaluation import SquadEvaluator, score_validation
-from extractive_qa.trial.finite_guard import FiniteCheckpoint, FiniteGuard
+from extractive_qa.trial.finite_guard import FiniteGuard, FiniteState
 from extractive_qa.trial.optimization import gradient_clipping, wrapped_optimization
 from extractive_qa.trial.optimizer_recipes import learning_rate_warning, radam_warning
 
@@ -106,10 +106,8 @@ class SquadTrial(pytorch.PyTorchTrial):
         self.optimizer, self.lr_scheduler, self.schedule = wrapped_optimization(
             self.context, self.plan, model, total, warmup
         )
-        on_cluster = det_internals.cluster_trial() is not None
-        self.finite = FiniteGuard(
-            hp, self.plan.learning_rate, on_cluster, loss_scaled=self.scaler is not None
-        )
+        context = self.context if det_internals.cluster_trial() is not None else None  # the stop differs
+        self.finite = FiniteGuard(hp, self.plan.learning_rate, context, loss_scaled=self.scaler is not None)
         warnings = (radam_warning(hp, total, warmup), learning_rate_warning(self.plan.learning_rate))
         for warning in filter(None, warnings if self.context.distributed.rank == 0 else ()):
             logger.warning(warning)
@@ -203,7 +201,7 @@ class SquadTrial(pytorch.PyTorchTrial):
 
     def build_callbacks(self) -> dict[str, pytorch.PyTorchCallback]:
         callbacks: dict[str, pytorch.PyTorchCallback] = {
-            "finite_checkpoint": FiniteCheckpoint(self.finite),  # first: before anything is written
+            "finite_state": FiniteState(self.finite, self.model, self.optimizer),  # first: before any write
             "recipe_options": RecipeOptions(self.optimizer, self.schedule),
             "hf_export": HFExport(
                 self.model, self.tokenizer, lambda: self.qa, self.model_card, lambda: self.latest_outputs

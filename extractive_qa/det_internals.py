@@ -159,6 +159,23 @@ def stop_training() -> Exception:
     return pytorch._ShouldExit()
 
 
+def end_as_invalid_hp(context: Any) -> Exception:
+    """What every rank raises to end the trial as an invalid hyperparameter, without an exit
+    checkpoint (finite_guard: the weights it would save may hold NaN).
+
+    det.InvalidHP raised in training makes the controller write an exit checkpoint first
+    (pytorch/_pytorch_trial.py:502-506) -- of the very state that is refused -- and raised in the
+    chief's save alone it leaves the other ranks waiting in the save's broadcast (:254). The
+    controller's own answer to an InvalidHP during a checkpoint is this pair (:258-261): report the
+    early exit (each rank does, as core.Context.__exit__ does; the master keeps the reason,
+    master/internal/trial.go SetUserInitiatedEarlyExit), then its private _ShouldExit with
+    skip_exit_checkpoint, which _run takes as a clean end (:498-501)."""
+    from determined import core, pytorch
+
+    context._core.train.report_early_exit(core.EarlyExitReason.INVALID_HP)
+    return pytorch._ShouldExit(skip_exit_checkpoint=True)
+
+
 def shared_fs_checkpoint(exp_conf: dict[str, Any], uuid: str) -> Path | None:
     """Where a cluster checkpoint lies inside this container, for shared_fs (and `directory`,
     its subclass) storage.

@@ -165,6 +165,22 @@ PROBES: dict[str, tuple[Any, str]] = {
     "deep-nesting": ("hyperparameters: " + "[" * 5000 + "]" * 5000, "deep-nesting.yaml"),
     "huge-int": ("scheduling_unit: " + "9" * 5000 + "\n", "huge-int.yaml"),
     "not-a-mapping": ("- just\n- a list\n", "mapping"),
+    # Values a master's schema refuses and this trial took: a "maybe" kept the worst checkpoint
+    # as the best, a list as the name reached every model card.
+    "smaller-is-better-maybe": (changed("searcher.smaller_is_better", "maybe"), "searcher.smaller_is_better"),
+    "name-a-list": (changed("name", [1, 2]), "name: expected text"),
+    "description-too-long": (changed("description", "x" * 20_000), "description: expected text of at most"),
+    "labels-not-strings": (changed("labels", [1]), "labels: expected a list of strings"),
+    "storage-type-unknown": (changed("checkpoint_storage", {"type": "nope"}), "checkpoint_storage.type"),
+    "storage-bucket-a-number": (
+        changed("checkpoint_storage", {"type": "s3", "bucket": 5}),
+        "checkpoint_storage.bucket",
+    ),
+    "storage-key-of-another-type": (
+        changed("checkpoint_storage", {"type": "gcs", "host_path": "/x"}),
+        "host_path",
+    ),
+    "learning-rate-above-1": (hp("learning_rate", 2.0), "hyperparameters.learning_rate: must be <= 1.0"),
     "broken-yaml": ("name: [unclosed\n", "YAML"),
     "empty-file": ("", "mapping"),
 }
@@ -274,9 +290,9 @@ def test_a_local_series_with_more_processes_than_cores_is_refused(tmp_path: Path
 
 
 def test_a_learning_rate_far_out_of_range_warns_with_the_plan(tmp_path: Path) -> None:
-    """hyperparameters.learning_rate 1e10 may be a probe on purpose: the plan is printed (exit 0)
+    """hyperparameters.learning_rate 0.5 may be a probe on purpose: the plan is printed (exit 0)
     with a warning naming the field and the usual range."""
-    code, out, err = dry_run(ROOT / "local.yaml", "--set", "hyperparameters.learning_rate=1e10")
+    code, out, err = dry_run(ROOT / "local.yaml", "--set", "hyperparameters.learning_rate=0.5")
     assert code == 0, err
     warnings = json.loads(out.splitlines()[-1])["warnings"]
     assert any("hyperparameters.learning_rate" in w and "diverges" in w for w in warnings), warnings

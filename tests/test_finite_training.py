@@ -25,7 +25,7 @@ def checkpoints_in(directory: Path) -> list[Path]:
 @pytest.mark.parametrize(
     ("setting", "named"),
     [
-        ("learning_rate=1e6", "hyperparameters.learning_rate: a peak rate of 1e+06"),
+        ("adam_epsilon=1e-50", "hyperparameters.adam_epsilon: 1e-50"),  # 0 in fp32: 0/0 at step 1
         ("no_answer_loss_weight=1e38", "hyperparameters.no_answer_loss_weight: 1e+38"),
     ],
 )
@@ -47,38 +47,36 @@ def test_a_diverging_run_stops_at_that_step_and_writes_no_checkpoint(
     assert checkpoints_in(tmp_path / "ck") == []
 
 
-def test_a_checkpoint_holding_a_non_finite_value_is_not_written() -> None:
-    """The guard Determined's save passes before state_dict.pth is written (on_checkpoint_save_start):
-    a NaN weight or optimizer moment stops the save, locally as TrainingDiverged, on a cluster as
-    det.InvalidHP (the trial then ends as an invalid hyperparameter and a search moves on)."""
-    import determined as det
-
+def test_a_state_holding_a_non_finite_value_is_named_and_stops_the_run() -> None:
+    """What the workload's end and the chief's save check: a NaN weight or optimizer moment stops
+    the run before anything of it is written, naming the tensor."""
     hp = Hyperparameters()
+    guard = FiniteGuard(hp, 3e-5, context=None, loss_scaled=False)
     moments = {"exp_avg_sq": torch.ones(2), "step": torch.tensor(3.0)}
     good = {"models_state_dict": [{"w": torch.ones(2), "ids": torch.arange(2)}],
             "optimizers_state_dict": [{"state": {0: moments}}]}  # fmt: skip
-    FiniteGuard(hp, 3e-5, on_cluster=False, loss_scaled=False).checkpoint(good)
+    guard.state(good, "no checkpoint was written")
     nan_weight = {**good, "models_state_dict": [{"w": torch.tensor([1.0, float("nan")])}]}
     with pytest.raises(
         TrainingDiverged, match="model weight w holds NaN or infinite values, so no checkpoint"
     ):
-        FiniteGuard(hp, 3e-5, on_cluster=False, loss_scaled=False).checkpoint(nan_weight)
+        guard.state(nan_weight, "no checkpoint was written")
     inf_moment = {
         **good,
         "optimizers_state_dict": [{"state": {0: {"exp_avg_sq": torch.tensor([float("inf")])}}}],
     }
-    with pytest.raises(det.InvalidHP, match="optimizer state exp_avg_sq of parameter 0 holds NaN"):
-        FiniteGuard(hp, 3e-5, on_cluster=True, loss_scaled=False).checkpoint(inf_moment)
+    with pytest.raises(TrainingDiverged, match="optimizer state exp_avg_sq of parameter 0 holds NaN"):
+        guard.state(inf_moment, "no checkpoint was written")
 
 
 def test_a_gradient_norm_is_judged_except_where_the_loss_scaler_owns_it() -> None:
     hp = Hyperparameters(max_grad_norm=0.0)
-    guard = FiniteGuard(hp, 3e-5, on_cluster=False, loss_scaled=False)
+    guard = FiniteGuard(hp, 3e-5, context=None, loss_scaled=False)
     guard.gradient_norm(torch.tensor(5.0), torch.tensor(1.0), 0)
     with pytest.raises(TrainingDiverged, match="at batch 8 the gradient norm is inf.*max_grad_norm: 0"):
         guard.gradient_norm(torch.tensor(float("inf")), torch.tensor(2.0), 7)
     # fp16: the scaler skips a step with non-finite gradients and lowers its scale.
-    FiniteGuard(hp, 3e-5, on_cluster=False, loss_scaled=True).gradient_norm(
+    FiniteGuard(hp, 3e-5, context=None, loss_scaled=True).gradient_norm(
         torch.tensor(float("nan")), torch.tensor(1.0), 0
     )
 

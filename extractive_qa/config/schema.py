@@ -50,6 +50,18 @@ SEARCHER_KEYS = {
         "mode", "stop_once", "time_metric",
     }),
 }  # fmt: skip
+# checkpoint-storage.json's union: each type's own keys (all strings) and the retention counts.
+STORAGE_KEYS = {
+    "shared_fs": frozenset({"host_path", "storage_path", "propagation", "container_path", "checkpoint_path",
+                            "tensorboard_path"}),
+    "s3": frozenset({"access_key", "bucket", "secret_key", "endpoint_url", "prefix"}),
+    "gcs": frozenset({"bucket", "prefix"}),
+    "azure": frozenset({"container", "connection_string", "account_url", "credential"}),
+    "directory": frozenset({"container_path"}),
+}  # fmt: skip
+RETENTION_KEYS = ("save_experiment_best", "save_trial_best", "save_trial_latest")
+# A name and a description are copied into every checkpoint's record and model card.
+TEXT_LIMITS = {"name": 512, "description": 16_384}
 HPARAM_TYPES = ("const", "categorical", "int", "double", "log")
 SEARCH_SPACES = ("categorical", "int", "double", "log")
 
@@ -94,6 +106,14 @@ def check_config(conf: dict[str, Any], complete: bool = True) -> None:
         conf.get("reproducibility") or {}, "experiment_seed", "reproducibility", minimum=0, maximum=2**32 - 1
     )
     _check_storage(conf.get("checkpoint_storage"))
+    for key, limit in TEXT_LIMITS.items():
+        value = conf.get(key)
+        if value is not None and (not isinstance(value, str) or len(value) > limit):
+            got = f"{len(value):,} characters" if isinstance(value, str) else f"a {type(value).__name__}"
+            raise ConfigError(f"{key}: expected text of at most {limit:,} characters, got {got}.")
+    labels = conf.get("labels")
+    if labels is not None and not (isinstance(labels, list) and all(isinstance(x, str) for x in labels)):
+        raise ConfigError(f"labels: expected a list of strings, got {str(labels)[:80]}.")
     _integer(conf, "scheduling_unit", "", minimum=1)
     _integer(conf, "max_restarts", "", minimum=0)
     _integer(conf, "records_per_epoch", "", minimum=0)
@@ -112,13 +132,27 @@ def check_config(conf: dict[str, Any], complete: bool = True) -> None:
 
 
 def _check_storage(storage: Any) -> None:
-    """checkpoint_storage: a mapping whose retention counts are whole numbers (a local run keeps
-    checkpoints by them, as a master does)."""
+    """checkpoint_storage: a mapping of one storage type's keys (strings) and whole retention
+    counts (a local run keeps checkpoints by them, as a master does). Without `type` the cluster's
+    storage fills it in, so only the keys are checked."""
     if storage is None:
         return
     if not isinstance(storage, dict):
         raise ConfigError(f"checkpoint_storage: expected a mapping of settings, got {storage!r}.")
-    for key in ("save_experiment_best", "save_trial_best", "save_trial_latest"):
+    kind = storage.get("type")
+    if kind is not None and kind not in STORAGE_KEYS:
+        raise ConfigError(
+            f"checkpoint_storage.type: {str(kind)[:40]!r} is not one of {', '.join(STORAGE_KEYS)}."
+        )
+    known = STORAGE_KEYS[kind] if kind is not None else frozenset().union(*STORAGE_KEYS.values())
+    if extra := sorted(set(storage) - known - set(RETENTION_KEYS) - {"type"}):
+        raise ConfigError(
+            f"checkpoint_storage: unknown key(s) {extra} for type {kind}; known: {', '.join(sorted(known))}."
+        )
+    for key in known & set(storage):
+        if storage[key] is not None and not isinstance(storage[key], str):
+            raise ConfigError(f"checkpoint_storage.{key}: expected text, got {str(storage[key])[:40]}.")
+    for key in RETENTION_KEYS:
         _integer(storage, key, "checkpoint_storage", minimum=0)
 
 
@@ -180,6 +214,7 @@ def _check_searcher(searcher: dict[str, Any], hparams: dict[str, Any]) -> None:
         )
     if extra := sorted(set(searcher) - SEARCHER_KEYS[name]):
         raise ConfigError(f"searcher: unknown key(s) {extra} for the {name} searcher (a typo?).")
+    _boolean(searcher, "smaller_is_better", "searcher")  # "maybe" would keep the worst as the best
     if not isinstance(searcher.get("metric"), str) or not searcher["metric"]:
         raise ConfigError("searcher.metric: missing; name the validation metric to compare trials by (f1).")
     if name == "adaptive_asha":

@@ -79,6 +79,8 @@ class Hyperparameters:
         "peak learning rate at reference_batch_size samples per optimizer step (all of it with "
         "lr_scaling: none), reached after the warm-up",
         above=0,  # 0 would train nothing
+        maximum=1.0,
+        why_maximum="an Adam step moves each weight by up to the learning rate (fine-tuning: 1e-5 to 1e-3)",
     )
     lr_scaling: str = setting(
         "none",

@@ -1,19 +1,20 @@
-"""Training that stays finite: a non-finite gradient norm stops the run at that optimizer step,
-and no checkpoint holding a non-finite value is written.
+"""Training that stays finite: a non-finite gradient norm, or a weight or optimizer state that
+became NaN or infinite, stops the run, and no checkpoint holding such a value is written.
 
-The decision is taken on the gradient norm, not on each rank's loss: the norm is computed after
-DDP has averaged the gradients, so every rank sees the same value and all stop at the same step
-(one rank stopping alone would leave the others waiting in the next all-reduce), and a NaN loss on
-any rank makes that average NaN. The read costs one device-to-host copy per optimizer step;
-Determined already copies every batch's loss to the host (determined/pytorch/_pytorch_trial.py:716).
+The decisions are taken where every rank takes the same one: the gradient norm after DDP has
+averaged the gradients (a NaN loss on any rank makes that average NaN), and the weights and
+optimizer state -- equal on every rank -- at the end of each training workload, which Determined
+runs on every rank before any validation or checkpoint (pytorch/_pytorch_trial.py:571-599). One
+rank stopping alone would leave the others waiting in the next collective. The norm costs one
+device-to-host read per optimizer step (Determined already reads every batch's loss to the host,
+:716); the state check one pass over the weights per workload.
 
-Under fp16 the loss scaler owns non-finite gradients (it skips that step and lowers the scale), so
-only the checkpoint guard applies there.
+Under fp16 the loss scaler owns non-finite gradients (it skips that step and lowers the scale);
+the state check still applies.
 
-A local run stops with TrainingDiverged (one line, exit 2). On a cluster the stop is det.InvalidHP:
-the trial reports an early exit, a search moves on to its next trial, and Determined's exit
-checkpoint passes the same guard (pytorch/_pytorch_trial.py:502-506 checkpoints before re-raising;
-an InvalidHP raised while that checkpoint is written is re-raised without it, :258-262).
+A local run stops with TrainingDiverged (one line, exit 2). On a cluster the trial ends as an
+invalid hyperparameter without an exit checkpoint (det_internals.end_as_invalid_hp), so a
+search moves on to its next trial. The chief's save refuses non-finite values as a last line.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 import torch
 from determined import pytorch
 
-from extractive_qa import model_files
+from extractive_qa import det_internals, model_files
 from extractive_qa.config.settings import Hyperparameters
 from extractive_qa.errors import TrainingDiverged
 from extractive_qa.trial.optimizer_recipes import divergence_causes
@@ -33,23 +34,22 @@ logger = logging.getLogger("squad")
 
 
 class FiniteGuard:
-    """The run's stop on non-finite values: `gradient_norm` after each all-reduce, `checkpoint`
-    before each save. `on_cluster` chooses det.InvalidHP over TrainingDiverged."""
+    """The run's stop on non-finite values: `gradient_norm` after each all-reduce, `state` at
+    each workload's end and before each save. `context`: the trial context on a cluster (the stop
+    ends the trial as an invalid hyperparameter), None locally."""
 
-    def __init__(
-        self, hp: Hyperparameters, learning_rate: float, on_cluster: bool, loss_scaled: bool
-    ) -> None:
+    def __init__(self, hp: Hyperparameters, learning_rate: float, context: Any, loss_scaled: bool) -> None:
         self.hint = divergence_causes(hp, learning_rate)
-        self.on_cluster, self.loss_scaled = on_cluster, loss_scaled
+        self.context, self.loss_scaled = context, loss_scaled
 
-    def stop(self, what: str) -> Exception:
+    def stop(self, what: str, every_rank: bool = True) -> Exception:
+        """The exception that stops the run; `every_rank`: every rank raises it at this point
+        (only then can a cluster trial end as an invalid hyperparameter)."""
         message = f"training stopped: {what}. Likely: {self.hint}."
-        if self.on_cluster:  # the trial's log is all a cluster user sees; locally the CLI prints it
-            import determined as det
-
-            logger.error(message)
-            return det.InvalidHP(message)
-        return TrainingDiverged(message)
+        if self.context is None or not every_rank:
+            return TrainingDiverged(message)  # locally the CLI prints it
+        logger.error(message)  # the trial's log is all a cluster user sees
+        return det_internals.end_as_invalid_hp(self.context)
 
     def gradient_norm(self, norm: torch.Tensor, loss: torch.Tensor, batch_idx: int) -> None:
         """Raise when the averaged gradients' norm is NaN or infinite (before the step applies
@@ -61,12 +61,12 @@ class FiniteGuard:
             f"{float(loss):.4g}), so the step that would write non-finite weights was not taken"
         )
 
-    def checkpoint(self, state: dict[str, Any]) -> None:
-        """Raise when a model or optimizer tensor of the checkpoint about to be written is NaN or
-        infinite; nothing of it has been written yet."""
+    def state(self, state: dict[str, Any], where: str, every_rank: bool = True) -> None:
+        """Raise when a tensor of Determined's checkpoint dictionary (or the same keys built from
+        the live model and optimizer) is NaN or infinite; `where` says what is then not done."""
         bad = model_files.non_finite((f"{kind} {name}", tensor) for kind, name, tensor in _tensors(state))
         if bad is not None:
-            raise self.stop(f"{bad} holds NaN or infinite values, so no checkpoint was written")
+            raise self.stop(f"{bad} holds NaN or infinite values, so {where}", every_rank)
 
 
 def _tensors(state: dict[str, Any]) -> list[tuple[str, str, Any]]:
@@ -81,12 +81,21 @@ def _tensors(state: dict[str, Any]) -> list[tuple[str, str, Any]]:
     return found
 
 
-class FiniteCheckpoint(pytorch.PyTorchCallback):
-    """FiniteGuard.checkpoint on every save, before Determined writes state_dict.pth
-    (on_checkpoint_save_start, pytorch/_pytorch_trial.py:1127-1130)."""
+class FiniteState(pytorch.PyTorchCallback):
+    """FiniteGuard.state on every rank at each training workload's end, before any validation or
+    checkpoint can follow; and on the chief's save before state_dict.pth is written
+    (on_checkpoint_save_start, pytorch/_pytorch_trial.py:1127-1130), where a local stop is exit 2
+    and a cluster's -- unreachable after the first -- a failed trial rather than a waiting one."""
 
-    def __init__(self, guard: FiniteGuard) -> None:
-        self.guard = guard
+    def __init__(self, guard: FiniteGuard, model: torch.nn.Module, optimizer: Any) -> None:
+        self.guard, self.model, self.optimizer = guard, model, optimizer
+
+    def on_training_workload_end(self, avg_metrics: dict[str, Any], batch_metrics: Any) -> None:
+        live = {
+            "models_state_dict": [self.model.state_dict()],
+            "optimizers_state_dict": [self.optimizer.state_dict()],
+        }
+        self.guard.state(live, "training stopped here, and no checkpoint of it is written")
 
     def on_checkpoint_save_start(self, checkpoint: dict[str, Any]) -> None:
-        self.guard.checkpoint(checkpoint)
+        self.guard.state(checkpoint, "no checkpoint was written", every_rank=False)  # the chief's alone
