@@ -111,7 +111,8 @@ def open_regular(
         cap = kind.bytes if limit is None else limit
         if info.st_size > cap:
             raise UnreadableFile(f"{shown}: is {info.st_size / MIB:,.1f} MiB; {_limit_text(kind, cap)}.")
-        os.set_blocking(fd, True)
+        # Left non-blocking: a regular file on disk never waits, and one that would (/proc/kmsg is
+        # "regular" with size 0) must answer EAGAIN rather than hang the command.
         return os.fdopen(fd, "rb")
     except BaseException:
         os.close(fd)
@@ -136,20 +137,34 @@ def read_bytes(
     with open_regular(path, kind, follow_links=follow_links, limit=cap, shown=shown) as file:
         try:
             size = os.fstat(file.fileno()).st_size
-            data = file.read(size + 1)
+            data = _read_now(file, size + 1)
             if len(data) > size:
                 pieces = [data]
                 total = len(data)
-                while total <= cap and (piece := file.read(min(MIB, cap + 1 - total))):
+                while total <= cap and (piece := _read_now(file, min(MIB, cap + 1 - total))):
                     pieces.append(piece)
                     total += len(piece)
                 data = b"".join(pieces)
+        except BlockingIOError:
+            raise UnreadableFile(
+                f"{shown or path}: has no data without waiting for some (a device's file, as /proc/kmsg); "
+                "give a regular file."
+            ) from None
         except OSError as err:  # a read that fails (EIO): named by the file, as the reader's refusals are
             raise OSError(err.errno, err.strerror, str(shown or path)) from err
     if len(data) > cap:
         raise UnreadableFile(
             f"{shown or path}: grew past {cap / MIB:,.0f} MiB while it was read; {_limit_text(kind, cap)}."
         )
+    return data
+
+
+def _read_now(file: BinaryIO, size: int) -> bytes:
+    """Up to `size` bytes; a file that has none without waiting raises BlockingIOError (a buffered
+    read of a non-blocking file answers None for it)."""
+    data = file.read(size)
+    if data is None:
+        raise BlockingIOError
     return data
 
 

@@ -228,3 +228,18 @@ def test_a_tokenizer_file_over_its_limit_is_refused_by_name_before_transformers_
         reading.UnreadableFile, match=r"tokenizer\.json: is 257\.0 MiB; more than a model file"
     ):
         load_tokenizer(str(model))
+
+
+def test_a_regular_file_that_would_wait_is_refused_not_waited_on(tmp_path: Path) -> None:
+    """/proc/kmsg is a "regular" file of size 0 whose read waits for the kernel's next message:
+    data.py --convert /proc/kmsg hung. The reader keeps every file non-blocking, and a read that
+    would wait is refused naming the file."""
+    path = tmp_path / "f.json"
+    path.write_text("{}")
+    with reading.open_regular(path, reading.RECORD) as file:
+        assert not os.get_blocking(file.fileno())
+    read_end, write_end = os.pipe()  # a read that would wait, as /proc/kmsg's does
+    os.set_blocking(read_end, False)
+    with os.fdopen(read_end, "rb") as waiting, pytest.raises(BlockingIOError):
+        reading._read_now(waiting, 10)
+    os.close(write_end)
