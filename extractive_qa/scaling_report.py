@@ -24,7 +24,7 @@ from typing import Any
 from extractive_qa.errors import ScalingError
 from extractive_qa.files import drawn_from, write_bytes_atomic, write_text_atomic
 from extractive_qa.output_rules import check_new_directory, check_output_dir, check_outputs
-from extractive_qa.scaling_runs import RunInputs
+from extractive_qa.scaling_runs import LOCAL_MARKER, RunInputs
 
 # --------------------------------------------------------------------------------------------
 # From metric reports to a table.
@@ -172,7 +172,7 @@ def check_report_outputs(command: str, out: Path, config: Path | None) -> None:
     check_output_dir(out, "--out")
     if command == "local":
         check_outputs({"--out": out, **{f"--out ({n})": out / n for n in LOCAL_FILES}}, {"--config": config})
-        check_new_directory(out, "--out", LOCAL_FILES)
+        check_new_directory(out, "--out", LOCAL_FILES, marker=LOCAL_MARKER)
     else:
         check_outputs({f"--out ({n})": out / n for n in REPORT_FILES}, {}, new_files_in_upload=True)
 

@@ -138,10 +138,17 @@ def check_local_slots(series: Sequence[Variant]) -> None:
         )
 
 
+# What `local` writes first into its --out: the directory is then its own to fill again
+# (output_rules.check_new_directory), and a report.md a user keeps elsewhere is never taken for one.
+LOCAL_MARKER = ".scaling-local.json"
+
+
 def run_local(series: Sequence[Variant], batches: int, out: Path) -> list[RunInputs]:
     import yaml
 
     check_local_slots(series)
+    out.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(out / LOCAL_MARKER, '{"written_by": "scaling.py local"}\n')
     runs = []
     for v in series:
         conf = copy.deepcopy(v.config)

@@ -348,15 +348,22 @@ def test_no_output_lands_inside_another_checkpoint_or_through_a_link(trained, tm
 
 
 def test_scaling_local_out_follows_the_writers_rules(tmp_path: Path) -> None:
-    """scaling.py local --out had no check: it replaced a user's report.md, followed a report.json
-    link onto another file, and with --out = the project wrote configs/ into the upload."""
+    """scaling.py local --out had no check: it replaced a user's report.md (then, as a name it
+    writes, still did where nothing else lay beside it), followed a report.json link onto another
+    file, and with --out = the project wrote configs/ into the upload. A directory an earlier
+    `local` filled carries its marker and is taken again."""
+    from extractive_qa.scaling_report import check_report_outputs
+    from extractive_qa.scaling_runs import LOCAL_MARKER
+
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "report.md").write_text("my notes")
-    (mine / "notes.txt").write_text("keep")
     local = ["scaling.py", "local", "--config", "local.yaml", "--slots", "1", "--batches", "1"]
     code, _, err = run_main([*local, "--out", str(mine)])
-    assert code == 2 and "did not write (notes.txt)" in err, err
+    assert code == 2 and "did not write (report.md)" in err, err
+    (mine / LOCAL_MARKER).write_text("{}")  # as an earlier `local` leaves it
+    check_report_outputs("local", mine, ROOT / "local.yaml")
+    (mine / LOCAL_MARKER).unlink()
     linked = tmp_path / "linked"
     linked.mkdir()
     (linked / "report.json").symlink_to(tmp_path / "precious.json")

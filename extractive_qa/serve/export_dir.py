@@ -33,8 +33,7 @@ def export(checkpoint: str, out: Path, squad: str | None, questions: int, int8: 
     # A new directory, or one an earlier export of it wrote (running the same command twice).
     own = {p.name for p in hf.iterdir() if p.name not in WEIGHT_FILES}
     own |= {onnx_model.ONNX_FILE, onnx_model.INT8_FILE, EXPORT_RECORD}
-    earlier = (out / EXPORT_RECORD).is_file()
-    check_new_directory(out.resolve(), "--out", tuple(sorted(own)) if earlier else ())
+    check_new_directory(out.resolve(), "--out", tuple(sorted(own)), marker=EXPORT_RECORD)
     inputs = {"--checkpoint": Path(checkpoint), "--checkpoint's hf/": hf}
     inputs["--squad"] = Path(squad) if squad else None
     check_outputs({"--out": out}, inputs)
