@@ -104,10 +104,9 @@ def test_the_cards_own_usage_answers_with_a_span_of_the_context(
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         exec(compile(code, "model-card-usage", "exec"), {})  # noqa: S102 -- the card's own snippet
-    answer = " ".join(printed.getvalue().split())
-    context = "The Denver Broncos won Super Bowl 50."
-    assert answer and answer.lower() in context.lower(), answer
-    assert "[CLS]" not in answer and "[SEP]" not in answer
+    # Every score ties: the first of the context's tokens, "The" -- the context's own characters,
+    # where decoding the word pieces printed "the" (uncased vocabulary).
+    assert printed.getvalue() == "The\n"
 
 
 def test_an_exports_card_says_how_to_answer_with_its_onnx_files(trained: tuple[Path, dict]) -> None:
