@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from extractive_qa import det_internals
+from extractive_qa import det_internals, reading
 from extractive_qa.config import experiment, run_plan
 from extractive_qa.config.experiment import asha_brackets, from_command_line
 from extractive_qa.config.run_plan import Length, RunPlan, batches_per_epoch, optimizer_steps, total_batches
@@ -56,11 +56,8 @@ def not_uploaded(data: DataSettings, root: Path) -> list[str]:
                 )
             continue
         path = (root / given).resolve()
-        if not path.exists():
-            raise ConfigError(
-                f"data.{field} {given}: no such file in the project directory {root} (a config's "
-                "relative paths start there), so neither this machine nor a cluster trial has it."
-            )
+        if not path.is_file():  # relative paths start in the project directory, here and on a cluster
+            raise ConfigError(f"data.{field} {reading.not_a_file(given, base=root)}")
         inside = path.is_relative_to(root.resolve())
         if not inside or not det_internals.uploaded(root.resolve(), path):
             why = "is left out of the upload by .detignore" if inside else "is outside the project directory"

@@ -12,9 +12,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from extractive_qa import reading
 from extractive_qa.errors import DataError
 
-ROOT = Path(__file__).resolve().parents[1]  # the repository root: entry scripts and YAMLs
+ROOT = reading.ROOT  # the repository root: entry scripts and YAMLs (the reader names files by it)
+
 
 
 def file_lock(path: Path) -> Any:

@@ -15,6 +15,7 @@ tests/test_reading.py lists the project's reads and fails if one bypasses this m
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import math
 import os
@@ -24,6 +25,8 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from extractive_qa.errors import ConfigError, DataError
+
+ROOT = Path(__file__).resolve().parents[1]  # the repository root: entry scripts and YAMLs
 
 MIB = 1 << 20
 
@@ -94,8 +97,9 @@ def open_regular(
     try:
         fd = os.open(target, flags)
     except FileNotFoundError:
-        dangling = " (a link to a path that does not exist)" if path.is_symlink() else ""
-        raise MissingFile(f"{shown}: no such file{dangling}.") from None
+        if path.is_symlink():
+            raise MissingFile(f"{shown}: no such file (a link to a path that does not exist).") from None
+        raise MissingFile(not_a_file(path, shown=shown)) from None
     except OSError as err:
         if not follow_links and path.is_symlink():
             raise UnreadableFile(
@@ -105,9 +109,10 @@ def open_regular(
         raise UnreadableFile(f"{shown}: cannot be read ({err.strerror}).") from None
     try:
         info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            raise UnreadableFile(not_a_file(path, shown=shown))
         if not stat.S_ISREG(info.st_mode):
-            what = "a directory" if stat.S_ISDIR(info.st_mode) else "a pipe, socket or device"
-            raise UnreadableFile(f"{shown}: is {what}, not a regular file; give a file.")
+            raise UnreadableFile(f"{shown}: is a pipe, socket or device, not a regular file; give a file.")
         cap = kind.bytes if limit is None else limit
         if info.st_size > cap:
             raise UnreadableFile(f"{shown}: is {info.st_size / MIB:,.1f} MiB; {_limit_text(kind, cap)}.")
@@ -117,6 +122,32 @@ def open_regular(
     except BaseException:
         os.close(fd)
         raise
+
+
+def not_a_file(path: Path | str, base: Path | None = None, shown: Path | str | None = None) -> str:
+    """Why `path` (relative ones taken from `base`, default the current directory) is no file to
+    read, and what to give instead: a directory's files; where a relative path was looked for;
+    the nearest name beside it; the project's own file of that relative name. Every "no such
+    file" and "is a directory" of the reader, the data paths and the dry run says it this way."""
+    given = Path(path)
+    shown = given if shown is None else Path(shown)
+    start = Path.cwd() if base is None else base
+    full = given if given.is_absolute() else start / given
+    if full.is_dir():
+        inside = sorted(p.name for p in full.iterdir() if p.is_file() and not p.name.startswith("."))
+        listed = f" (it holds {', '.join(inside[:4])}{', ...' if len(inside) > 4 else ''})" if inside else ""
+        return f"{shown}: is a directory, not a file{listed}; give one file in it."
+    told = "the current directory" if base is None else "where the config's relative paths start"
+    where = "" if given.is_absolute() else f" in {start} ({told})"
+    nearest = []
+    if full.parent.is_dir():
+        names = [p.name for p in full.parent.iterdir()]
+        nearest = difflib.get_close_matches(full.name, names, n=1, cutoff=0.8)
+    if nearest:
+        return f"{shown}: no such file{where}; did you mean {given.parent / nearest[0]}?"
+    if not given.is_absolute() and start != ROOT and (ROOT / given).exists():
+        return f"{shown}: no such file{where}; the project has {ROOT / given} -- give that path."
+    return f"{shown}: no such file{where}."
 
 
 def read_bytes(

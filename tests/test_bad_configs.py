@@ -151,7 +151,7 @@ PROBES: dict[str, tuple[Any, str]] = {
     "workers-thousands": (changed("data.num_workers", 5000), "data.num_workers: must be <= 64"),
     "batch-astronomic": (hp("global_batch_size", 10**20), "global_batch_size: must be <= 65,536"),
     "eval-batch-astronomic": (changed("data.eval_batch_size", 10**9), "data.eval_batch_size: must be <="),
-    "train-file-missing": (changed("data.train_file", "squad_data/nope.json"), "no such file in the project"),
+    "train-file-missing": (changed("data.train_file", "squad_data/nope.json"), "relative paths start"),
     "python-object-tag": ("name: !!python/object/apply:os.system ['true']\n", "could not determine a"),
     "duplicate-key": (
         "name: a\nhyperparameters:\n  learning_rate: 1e-4\n  learning_rate: 1e-2\n",

@@ -243,3 +243,20 @@ def test_a_regular_file_that_would_wait_is_refused_not_waited_on(tmp_path: Path)
     with os.fdopen(read_end, "rb") as waiting, pytest.raises(BlockingIOError):
         reading._read_now(waiting, 10)
     os.close(write_end)
+
+
+def test_a_path_that_is_no_file_says_where_it_looked_and_what_is_near(trained, tmp_path: Path) -> None:
+    """ "squad_data: no such file" was all a user got for a directory given as a file, a near-miss
+    name, or a path relative to the project typed in another directory."""
+    from tests.support.project import run_main
+
+    dry = ["train.py", "--config", "local.yaml", "--dry-run", "--set"]
+    code, _, err = run_main([*dry, "data.train_file=squad_data"])
+    assert code == 2 and "squad_data: is a directory, not a file (it holds " in err, err
+    code, _, err = run_main([*dry, "data.train_file=squad_data/local-train-v1.json"])
+    near = "relative paths start); did you mean squad_data/local-train-v1.1.json?"
+    assert code == 2 and f"no such file in {ROOT}" in err and near in err, err
+    checkpoint, _ = trained
+    asked = ["predict.py", "--checkpoint", str(checkpoint), "--squad", "squad_data/dev-v1.1-excerpt.json"]
+    code, _, err = run_main([*asked, "--out", str(tmp_path / "p.json")], cwd=tmp_path)
+    assert code == 2 and f"no such file in {tmp_path} (the current directory); the project has" in err, err

@@ -314,7 +314,7 @@ def resolve_source(source: str | os.PathLike, download_dir: Path | None = None) 
         path = Path(text).expanduser()
         if not path.is_file():
             raise DataError(
-                f"{path}: no such file. Give a SQuAD JSON, JSON Lines or Parquet path, "
+                f"{reading.not_a_file(path)} Give a SQuAD JSON, JSON Lines or Parquet path, "
                 "datasets:NAME_OR_DIR:SPLIT, or one of the official URLs "
                 f"({OFFICIAL_BASE_URL}train-v1.1.json, ...)."
             )
