@@ -140,6 +140,7 @@ class WindowCount:
     how: str  # "feature cache", "counted", "estimate" or "unknown"
     note: str = ""
     questions: int | None = None  # the training questions they come from (when read here)
+    misplaced: str = ""  # SquadSet.misplaced_note of the training file read here
 
 
 def count_training_windows(data: DataSettings, root: Path) -> WindowCount:
@@ -185,14 +186,20 @@ def count_training_windows(data: DataSettings, root: Path) -> WindowCount:
     cached = cache_dir / f"train-{fingerprint}"
     if cached.is_dir():
         try:
-            return WindowCount(len(read_entry(cached)), "feature cache", str(cached), len(squad.examples))
+            return WindowCount(
+                len(read_entry(cached)),
+                "feature cache",
+                str(cached),
+                len(squad.examples),
+                squad.misplaced_note(),
+            )
         except CacheDamage:
             pass  # the run rebuilds it; count the windows here as it will
     started = time.perf_counter()
     windows = len(build_features(squad.examples, tokenizer, spec, labels=True, offsets=False))
     seconds = time.perf_counter() - started
     note = f"windowed {len(squad.examples)} questions in {seconds:.1f} s"
-    return WindowCount(windows, "counted", note, len(squad.examples))
+    return WindowCount(windows, "counted", note, len(squad.examples), squad.misplaced_note())
 
 
 # --------------------------------------------------------------------------------------------
@@ -310,6 +317,8 @@ def _warnings(
         found.append(advice)
     if (advice := learning_rate_warning(plan.learning_rate)) is not None:
         found.append(advice)
+    if windows.misplaced:
+        found.append(f"data.train_file: {windows.misplaced}")
     every = (validations or {}).get("every_batches")
     if every and every // agg < MIN_STEPS_PER_VALIDATION:
         found.append(

@@ -18,7 +18,6 @@ from extractive_qa.errors import DataError
 ROOT = reading.ROOT  # the repository root: entry scripts and YAMLs (the reader names files by it)
 
 
-
 def file_lock(path: Path) -> Any:
     # filelock comes with transformers (via huggingface_hub); one lock file per target, so the
     # ranks of a machine serialise on it and all but the first find the work already done.

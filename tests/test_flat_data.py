@@ -231,3 +231,22 @@ def test_load_run_data_applies_the_subsets(tokenizer: Any, tiny_bert: Path, tmp_
     run = data.load_run_data(settings, WindowSpec(128, 32, 32), rank=0)
     assert len(run.train_set.examples) == 20 and len(run.val_set.examples) == 30
     assert set(run.val_features.example_index.tolist()) == set(range(30))
+
+
+def test_an_answer_off_its_start_is_named_by_convert_and_the_dry_run(tiny_bert: Path, tmp_path: Path) -> None:
+    """One answer_start off by one: data.py --convert kept it without a word and the dry run
+    counted 2 of 3 questions silently; only training warned, by id. Both now name the file, the
+    line and the field before any training."""
+    from tests.support.project import run_main
+
+    rows = [("a", "Denver", 0), ("b", "the game", 12), ("c", "won", 7)]
+    lines = [json.dumps({"id": i, "title": "t", "context": "Denver won the game.", "question": f"{i}?",
+                         "answers": {"text": [t], "answer_start": [s]}}) for i, t, s in rows]  # fmt: skip
+    source = tmp_path / "off.jsonl"
+    source.write_text("\n".join(lines) + "\n")
+    named = f"{source}: line 2 question id b: answers[0].answer_start 12 points at 'he game.', not 'the game'"
+    code, out, err = run_main(["data.py", "--convert", str(source), "--out", str(tmp_path / "off.json")])
+    assert code == 0 and named in err and json.loads(out)["misplaced_answers"] == 1, err
+    config = write_yaml(tiny_config(tiny_bert, tmp_path, train_file=str(source)), tmp_path / "c.yaml")
+    code, out, err = run_main(["train.py", "--config", str(config), "--dry-run"])
+    assert code == 0 and any(named in w for w in json.loads(out.splitlines()[-1])["warnings"]), out[-2000:]

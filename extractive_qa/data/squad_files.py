@@ -46,6 +46,17 @@ class SquadSet:
     skipped: list[str] = field(default_factory=list)  # training ids whose answer is not found
     file_sha256: str = ""  # the whole file's digest (= sha256 unless this is a subset)
     first: int | None = None  # a subset: the file's first `first` questions
+    # Every question whose first answer is not where its answer_start says, by place and field
+    # (training skips them; evaluation keeps them, as the official scripts do).
+    misplaced: list[str] = field(default_factory=list)
+
+    def misplaced_note(self, shown: int = 3) -> str:
+        """One line naming the misplaced answers (the first `shown`), or "" when there are none."""
+        if not self.misplaced:
+            return ""
+        more = f" (and {len(self.misplaced) - shown} more)" if len(self.misplaced) > shown else ""
+        return (f"{len(self.misplaced)} question(s) whose first answer is not at its answer_start -- "
+                f"training skips them: {'; '.join(self.misplaced[:shown])}{more}")  # fmt: skip
 
     def __post_init__(self) -> None:
         self.file_sha256 = self.file_sha256 or self.sha256
@@ -129,6 +140,7 @@ def _checked(
     answers inside their context; v2.0 where a question can have no answer."""
     examples: list[Example] = []
     skipped: list[str] = []
+    misplaced: list[str] = []
     seen: set[str] = set()
     has_impossible = flat  # flat records mark an unanswerable question by empty answers
     for where, title, context, qa in questions:
@@ -147,14 +159,16 @@ def _checked(
         has_impossible |= "is_impossible" in qa
         example = _question(qa, context, f"{where} question id {qid}", has_impossible)
         example.title = title
-        if training and not example.is_impossible and not _answer_is_where_it_says(example):
-            skipped.append(qid)
-            continue
+        if not example.is_impossible and (found := _misplaced(example)) is not None:
+            misplaced.append(f"{where} question id {qid}: answers[0].answer_start {found}")
+            if training:
+                skipped.append(qid)
+                continue
         examples.append(example)
     if not examples:
         raise DataError(f"{path}: no questions found.")
     v2 = any(ex.is_impossible for ex in examples) if flat else has_impossible
-    return SquadSet(path, "2.0" if v2 else "1.1", examples, digest, skipped)
+    return SquadSet(path, "2.0" if v2 else "1.1", examples, digest, skipped, misplaced=misplaced)
 
 
 def first_examples(squad: SquadSet, limit: int | None) -> SquadSet:
@@ -164,7 +178,9 @@ def first_examples(squad: SquadSet, limit: int | None) -> SquadSet:
         return squad
     digest = hashlib.sha256(f"{squad.sha256}:first:{limit}".encode()).hexdigest()
     examples = squad.examples[:limit]
-    return SquadSet(squad.path, squad.version, examples, digest, squad.skipped, squad.sha256, limit)
+    return SquadSet(
+        squad.path, squad.version, examples, digest, squad.skipped, squad.sha256, limit, squad.misplaced
+    )
 
 
 def write_squad(squad: SquadSet, out: Path) -> None:
@@ -258,10 +274,12 @@ def _question(qa: dict[str, Any], context: str, place: str, v2_file: bool) -> Ex
     return Example(qa["id"], question, context, answers, impossible or not answers)
 
 
-def _answer_is_where_it_says(example: Example) -> bool:
+def _misplaced(example: Example) -> str | None:
+    """What the first answer's answer_start points at, where that is not its text; else None."""
     first = example.answers[0]
-    start = first["answer_start"]
-    return example.context[start : start + len(first["text"])] == first["text"]
+    start, text = first["answer_start"], first["text"]
+    there = example.context[start : start + len(text)]
+    return None if there == text else f"{start} points at {there[:40]!r}, not {text[:40]!r}"
 
 
 # --------------------------------------------------------------------------------------------
