@@ -46,20 +46,18 @@ PEER_LOST = (
 
 
 RECIPES = """\
-recipes (from the project directory, with the venv active: . .venv/bin/activate):
+recipes (from the project directory, with the venv active: . .venv/bin/activate; the README
+shows each):
   python3 train.py                                  the embedded default (local.yaml) on the CPU
   python3 train.py --config local_v2.yaml           the same on the bundled SQuAD v2.0 text
-  python3 train.py --config const.yaml --set data.squad_version=2.0 \\
-      --set data.train_file=https://rajpurkar.github.io/SQuAD-explorer/dataset/train-v2.0.json \\
-      --set data.validation_file=https://rajpurkar.github.io/SQuAD-explorer/dataset/dev-v2.0.json
-                                                    SQuAD v2.0 with the official files
   python3 train.py --config distributed.yaml --dry-run
                                                     the plan (steps, warm-up, lr) without training
-  python3 train.py --settings --config const.yaml   every setting: default, the config's value
+  python3 train.py --settings --config distributed.yaml
+                                                    every setting: default, the config's value
   python3 train.py --resume auto                    continue this run's newest checkpoint, or start
   python3 train.py --checkpoints                    which run wrote each checkpoint, its EM/F1, size
-  torchrun --nproc_per_node=2 train.py --resume auto
-                                                    2 processes; rerun the same line after a stop
+  torchrun --nproc_per_node=2 train.py --config local.yaml --resume auto \\
+      --checkpoint-dir checkpoints/two-processes    2 processes; rerun the same line after a stop
 
 Ctrl-C (or SIGTERM) stops after the current batch, writes a checkpoint and prints the command
 that resumes it; a second Ctrl-C stops at once. Paths inside a config are relative to the

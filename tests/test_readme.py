@@ -157,6 +157,24 @@ def test_the_documents_quote_the_first_two_commands_and_the_activation() -> None
     assert any(c.startswith("det experiment create") for c in readme)
 
 
+def test_every_recipe_in_train_help_is_a_command_the_documents_quote() -> None:
+    """train.py --help's recipes are lines the README or docs quote, so the test below runs each
+    as typed: its two-process recipe once lacked the --checkpoint-dir the README's line had, and
+    after the first command it continued that finished run instead of training."""
+    import train
+
+    quoted = {
+        " ".join(c.replace(".venv/bin/python ", "python3 ").split())
+        for d in DOCUMENTS
+        for c in quoted_commands(d)
+    }
+    text = re.sub(r"\s*\\\n\s*", " ", train.RECIPES)  # continuation lines joined
+    recipes = [
+        " ".join(m.split()) for m in re.findall(r"^  ((?:python3|torchrun) .*?)(?:\s{2,}.*)?$", text, re.M)
+    ]
+    assert len(recipes) >= 6 and [r for r in recipes if r not in quoted] == []
+
+
 def independent(line: str) -> bool:
     """Whether a line only reads the project: a dry run, a settings table or a --help, none with
     --resume (which looks for the checkpoints the other commands write)."""
