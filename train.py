@@ -230,6 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     # Determined's own format: the WebUI parses the level from it for its log-level filter.
     logging.basicConfig(level=logging.INFO, format=determined.LOG_FORMAT)
+    det_internals.quiet_shared_fs_selector_warning()
     if not args.dry_run and det_internals.cluster_trial() is None:
         from extractive_qa.launch import progress
 

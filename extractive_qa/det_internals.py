@@ -159,6 +159,21 @@ def stop_training() -> Exception:
     return pytorch._ShouldExit()
 
 
+def quiet_shared_fs_selector_warning() -> None:
+    """Drop the one warning every shared_fs restore prints to no purpose.
+
+    The controller restores with restore_path() in its LocalWorkersShareDownload mode, which hands
+    the storage manager a selector whether or not any worker asked for one (core/_checkpoint.py:
+    631-648); shared_fs then warns "Ignoring partial checkpoint download from shared_fs" on every
+    resume (common/storage/shared.py:200-204), although nothing is partial: every file is read in
+    place. Other records of that logger pass."""
+    logging.getLogger("determined.common.storage.shared").addFilter(_not_the_selector_warning)
+
+
+def _not_the_selector_warning(record: logging.LogRecord) -> bool:
+    return not record.getMessage().startswith("Ignoring partial checkpoint download from shared_fs")
+
+
 def end_as_invalid_hp(context: Any) -> Exception:
     """What every rank raises to end the trial as an invalid hyperparameter, without an exit
     checkpoint (finite_guard: the weights it would save may hold NaN).

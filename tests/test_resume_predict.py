@@ -283,3 +283,23 @@ def test_resume_latest_continues_only_your_own_checkpoints(trained, tmp_path: Pa
     assert code == 0 and result["steps_completed"] == 10, err[-3000:]
     assert f"continuing from {mine}" in caplog.text
     assert "skipped 1 checkpoint(s)" in caplog.text and "their-checkpoint" in caplog.text
+
+
+def test_a_resume_from_a_directory_says_where_it_goes_on_and_nothing_unexplained(
+    trained, tmp_path: Path, caplog
+) -> None:
+    """--resume DIR logged no "continuing from ... at batch N" (only --resume auto did), and every
+    resume printed Determined's "Ignoring partial checkpoint download from shared_fs", although
+    nothing is partial (det_internals.quiet_shared_fs_selector_warning)."""
+    import logging
+
+    checkpoint, _ = trained
+    caplog.set_level(logging.INFO)
+    from tests.support.project import trained_config
+
+    args = ["--config", str(trained_config(checkpoint)), "--resume", str(checkpoint), "--batches", "7",
+            "--checkpoint-dir", str(tmp_path / "c")]  # fmt: skip
+    code, _, err = run_train(args)
+    assert code == 0, err[-2000:]
+    assert f"--resume {checkpoint}: continuing from {checkpoint} at batch 6" in caplog.text
+    assert "Ignoring partial checkpoint download" not in caplog.text + err

@@ -346,12 +346,15 @@ def resume_from(resume: str | Path, checkpoint_dir: Path, identity: dict[str, An
     bucket (s3://, gs://) is downloaded once into this user's private directory and read there."""
     storage = checkpoint_dir / "determined"
     if buckets.is_url(resume):
-        return buckets.cached_checkpoint(str(resume), "--resume")
-    if resume not in ("auto", "latest"):
-        return Path(resume)
-    found = latest_checkpoint(storage, identity, str(resume))
+        found: Path | None = buckets.cached_checkpoint(str(resume), "--resume")
+    elif resume not in ("auto", "latest"):
+        found = Path(resume)
+    else:
+        found = latest_checkpoint(storage, identity, str(resume))
     if found is None:
         logger.info("--resume auto: no checkpoint of this run in %s; starting from the beginning", storage)
-    else:
-        logger.info("--resume %s: continuing from %s", resume, found)
+    else:  # every form says where training goes on (a damaged record is named by the rewrite)
+        steps = steps_completed(found)
+        at = f" at batch {steps}" if steps is not None else ""
+        logger.info("--resume %s: continuing from %s%s", resume, found, at)
     return found
