@@ -174,7 +174,7 @@ def convert(source: str, out: Path) -> int:
         if out.suffix not in (".json", ".jsonl", ".parquet"):
             raise DataError(f"--out {out}: name it .json (nested SQuAD), .jsonl or .parquet.")
         check_output_file(out.resolve(), "--out")
-        check_outputs({"--out": out}, {"--convert": Path(source)}, new_files_in_upload=True)
+        check_outputs({"--out": out}, {"--convert": Path(source)})
         squad = load_squad(source, training=False)
         write_squad(squad, out)
     except (DataError, OSError) as err:

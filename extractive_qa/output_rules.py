@@ -37,8 +37,6 @@ def check_output_dir(path: Path, flag: str) -> None:
 def check_outputs(
     outputs: dict[str, Path],
     inputs: dict[str, Path | None],
-    *,
-    new_files_in_upload: bool = False,
 ) -> None:
     """Before any work, for every writer (train.py --metrics-out, predict.py, export.py, data.py
     --convert): no output lands on an input. Paths are resolved to the end (every link followed),
@@ -49,9 +47,9 @@ def check_outputs(
     - is a link (it would write through it), or lies inside a checkpoint or export directory
       (checkpoint_holding: another checkpoint's metadata.json or hf/qa_settings.json);
     - lies inside the project directory that `det experiment create` uploads and every local
-      checkpoint copies into its code/ (outside .detignore) -- except, with `new_files_in_upload`,
-      a file that does not exist yet (data.py --convert: converted data may be meant to travel
-      with the experiment; an existing project file is never replaced).
+      checkpoint copies into its code/ (outside .detignore): whatever its name, such a file would
+      travel with every experiment or replace a project file. The directories .detignore leaves
+      out take outputs (answers*/, exported*/, checkpoints/, squad_data/ for data).
     """
     project = Path(os.path.realpath(ROOT))
     for out_flag, output in outputs.items():
@@ -82,13 +80,11 @@ def check_outputs(
                 "not make; writing there would change what it holds. Choose an output outside it."
             )
         if target == project or (target.is_relative_to(project) and uploaded(project, target)):
-            if new_files_in_upload and not target.exists() and target != project:
-                continue
             raise DataError(
                 f"{out_flag} {output}: is inside the project directory, which `det experiment create` "
                 "uploads and every local checkpoint copies (code/); it could replace a project file "
-                "and would travel with every experiment. Write it outside the project, or under a "
-                "name .detignore leaves out (runs/, answers/, exported/, preds.json)."
+                "and would travel with every experiment. Write it outside the project, or into a "
+                "directory .detignore leaves out (answers/, exported/, checkpoints/; data into squad_data/)."
             )
 
 

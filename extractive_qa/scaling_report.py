@@ -174,7 +174,7 @@ def check_report_outputs(command: str, out: Path, config: Path | None) -> None:
         check_outputs({"--out": out, **{f"--out ({n})": out / n for n in LOCAL_FILES}}, {"--config": config})
         check_new_directory(out, "--out", LOCAL_FILES, marker=LOCAL_MARKER)
     else:
-        check_outputs({f"--out ({n})": out / n for n in REPORT_FILES}, {}, new_files_in_upload=True)
+        check_outputs({f"--out ({n})": out / n for n in REPORT_FILES}, {})
 
 
 Draw = Callable[[dict[str, Any], Path, dict[str, str]], None]

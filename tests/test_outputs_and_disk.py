@@ -240,6 +240,26 @@ def test_outputs_never_land_in_the_upload_nor_over_another_directory(trained, tm
     assert (ROOT / "README.md").read_bytes() == readme
 
 
+def test_an_output_in_the_upload_is_refused_for_being_there_whatever_its_name(
+    trained, tmp_path: Path
+) -> None:
+    """predict.py --out preds.json passed (.detignore named it) where preds2.json was refused, and
+    data.py --convert wrote a new train.jsonl into the upload, to travel with every experiment.
+    Now both names are refused alike, and the directories .detignore leaves out take outputs."""
+    dev = str(ROOT / "squad_data" / "dev-v1.1-excerpt.json")
+    for name in ("preds.json", "preds2.json"):
+        asked = ["predict.py", "--checkpoint", str(trained[0]), "--squad", dev, "--out", str(ROOT / name)]
+        code, _, err = run_main(asked)
+        assert code == 2 and "inside the project directory" in err and not (ROOT / name).exists(), err
+    code, _, err = run_main(["data.py", "--convert", dev, "--out", str(ROOT / "train.jsonl")])
+    assert code == 2 and "inside the project directory" in err and not (ROOT / "train.jsonl").exists(), err
+    converted = ROOT / "squad_data" / f"converted-{tmp_path.name}.jsonl"
+    try:
+        assert run_main(["data.py", "--convert", dev, "--out", str(converted)])[0] == 0
+    finally:
+        converted.unlink(missing_ok=True)
+
+
 def test_a_link_in_hf_is_refused_by_the_export_not_copied(trained, tmp_path: Path) -> None:
     """A link planted in hf/ to another file (a 0600 secret) is not followed into the export."""
     import shutil
