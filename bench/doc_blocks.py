@@ -73,9 +73,18 @@ def first_command(name: str) -> str:
     """One line: what the README's first command printed, where, and how long it took."""
     results, row = first_command_rows(name)[0]
     return (
-        f"EM {num(row['exact_match'])} / F1 {num(row['f1'])} after {num(row['train_s'], 0)} s of training, "
+        f"EM {num(row['exact_match'])} / F1 {num(row['f1'])} in {picked(row)} after "
+        f"{num(row['train_s'], 0)} s of training, "
         f"{num(row['total_s'] / 60, 1)} min in all from a fresh clone ({measured_on(results, row)})"
     )
+
+
+def picked(row: dict[str, Any]) -> str:
+    """The precision a run trained in: what `auto` picked, or what `--set` fixed; and kernels
+    limited to a narrower instruction set (ATEN_CPU_CAPABILITY: what an older CPU runs)."""
+    how = f"{row['precision']}" + (" (set)" if row.get("set") else "")
+    limit = (row.get("kernels") or {}).get("ATEN_CPU_CAPABILITY")
+    return how + (f", {limit.upper()} kernels only" if limit else "")
 
 
 @block("first-command-table")
@@ -86,7 +95,7 @@ def first_command_table(*names: str) -> str:
             rows.append(
                 [
                     measured_on(results, row),
-                    f"{row['precision']}",
+                    picked(row),
                     f"EM {num(row['exact_match'])} / F1 {num(row['f1'])}",
                     f"{num(row['train_s'], 0)} s",
                     f"{num(row['run_s'], 0)} s",
@@ -94,7 +103,7 @@ def first_command_table(*names: str) -> str:
                     f"{num(row['total_s'] / 60, 1)} min",
                 ]
             )
-    head = ["machine, date", "`auto` picked", "EM / F1", "training", "the run", "install", "in all"]
+    head = ["machine, date", "precision", "EM / F1", "training", "the run", "install", "in all"]
     return table(head, rows)
 
 
@@ -412,7 +421,7 @@ def lr_row() -> list[str]:
         "learning rate by the square-root rule, paired F1 against 1x",
         "; ".join(parts),
         measured_on(results),
-        "[scaling](docs/scaling.md)",
+        "[scaling](scaling.md)",
     ]
 
 
@@ -424,7 +433,7 @@ def batching_row() -> list[str]:
         "length-sorted batches (the default) against padding to the maximum, paired F1",
         paired_text(s and s["diff"]),
         measured_on(results),
-        "[batching](docs/batching.md)",
+        "[batching](batching.md)",
     ]
 
 
@@ -438,7 +447,7 @@ def squad2_row() -> list[str]:
         "SQuAD 2.0: training with the unanswerable questions, paired F1 at threshold 0",
         paired_text(diff),
         measured_on(results),
-        "[squad2](docs/squad2.md)",
+        "[squad2](squad2.md)",
     ]
 
 
@@ -449,7 +458,7 @@ def precision_row() -> list[str]:
         f"{paired_text(study_diff(name, 'precision', 'bf16', 'fp32'))}; training time "
         f"{ratio_text(name, 'precision', 'bf16', 'fp32')}",
         measured_on(Results(name)),
-        "[results](docs/results.md#bf16-on-the-cpu)",
+        "[below](#bf16-on-the-cpu)",
     ]
 
 
@@ -462,7 +471,7 @@ def runtime_row() -> list[str]:
         "ONNX Runtime int8 against PyTorch fp32 on a CPU, one question per call",
         f"{num(speed)}x the questions/s; F1 {num(int8['f1'] - torch_['f1'], 2, True)} (one model)",
         measured_on(results),
-        "[results](docs/results.md#inference)",
+        "[below](#inference)",
     ]
 
 
@@ -473,7 +482,7 @@ def gpu_row() -> list[str]:
         f"BERT-base on one GPU, {results['batch_size']} per GPU, bf16, {best['name'].lstrip('+ ')}",
         f"{num(best['sequences_per_s'], 0)} sequences/s, MFU {num(100 * best['mfu'], 1)} %",
         measured_on(results),
-        "[gpu](docs/gpu.md)",
+        "[gpu](gpu.md)",
     ]
 
 
@@ -483,12 +492,12 @@ def features_row() -> list[str]:
         "feature preparation against the transformers QA examples, the same features",
         f"{num(results['speedup'])}x",
         measured_on(results),
-        "[results](docs/results.md#data-and-extraction)",
+        "[below](#data-and-extraction)",
     ]
 
 
-@block("readme-results")
-def readme_results() -> str:
+@block("results-in-brief")
+def results_in_brief() -> str:
     rows = [precision_row(), lr_row(), batching_row(), squad2_row(), runtime_row(), features_row(), gpu_row()]
     return table(["what", "result", "machine, date", "details"], rows)
 

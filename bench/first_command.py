@@ -4,10 +4,11 @@ install and the run), what it prints (EM/F1) and which precision `auto` picked o
     python3 -m bench.first_command [--pip-cache cold|warm] [--set KEY=VALUE] [--json FILE]
 
 `--pip-cache cold` installs with pip's cache off (everything fetched or unpacked anew), `warm` with
-it as it is. `--set` is passed to train.py (e.g. hyperparameters.precision=fp32: what a CPU
-without bf16 units runs). The clone is of this repository's HEAD, with ../shared beside it, in a
-temporary directory removed afterwards. Results append to --json (one row per run), each with
-its machine and versions.
+it as it is. ATEN_CPU_CAPABILITY / ONEDNN_MAX_CPU_ISA in the environment (e.g. avx2 / AVX2: the
+kernels an AVX2-only CPU runs) reach the run and are recorded in the row. `--set` is passed to
+train.py (e.g. hyperparameters.precision=fp32: what a CPU without bf16 units runs). The clone is
+of this repository's HEAD, with ../shared beside it, in a temporary directory removed afterwards.
+Results append to --json (one row per run), each with its machine and versions.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from extractive_qa.files import ROOT
 
 SETUP = "python3 -m venv .venv && .venv/bin/pip install -r requirements.txt"
 RUN = ".venv/bin/python train.py"
+KERNEL_LIMITS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")  # torch's and oneDNN's ISA caps
 
 
 def timed(command: str, cwd: Path, env: dict[str, str]) -> tuple[float, subprocess.CompletedProcess]:
@@ -59,6 +61,7 @@ def first_command(pip_cache: str, overrides: list[str]) -> dict[str, Any]:
     return {
         "pip_cache": pip_cache,
         "set": overrides,
+        "kernels": {k: os.environ[k] for k in KERNEL_LIMITS if os.environ.get(k)},
         "install_s": install_s,
         "run_s": run_s,
         "total_s": install_s + run_s,

@@ -311,9 +311,15 @@ class Cluster:
         return [proc.wait() for proc in alloc.containers]
 
     def kill(self, alloc: Allocation) -> None:
+        """Every process of the allocation: each container's group, and any process that left it
+        (a rank the launcher started in a session of its own outlived a killed container and
+        waited on a collective for good), found by its DET_ALLOCATION_ID."""
         for proc in alloc.containers:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
+        for pid in allocation_pids(alloc):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
     def log(self, alloc: Allocation) -> str:
         return "\n".join(
@@ -361,9 +367,8 @@ class Cluster:
         )
 
 
-def rank_pids(alloc: Allocation, rank: int) -> list[int]:
-    """The train.py processes of one global rank inside an allocation's containers."""
-    pids = []
+def _allocation_processes(alloc: Allocation) -> Iterator[tuple[int, list[bytes], dict[bytes, bytes]]]:
+    """(pid, command line, environment) of every process whose environment names the allocation."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -374,14 +379,23 @@ def rank_pids(alloc: Allocation, rank: int) -> list[int]:
             )
         except OSError:
             continue
-        if (
-            any(part.endswith(b"train.py") for part in cmd)
-            and env.get(b"DET_ALLOCATION_ID") == alloc.id.encode()
-            and env.get(b"RANK") == str(rank).encode()
-            and b"determined.launch.wrap_rank" not in b" ".join(cmd)
-        ):
-            pids.append(int(entry.name))
-    return pids
+        if env.get(b"DET_ALLOCATION_ID") == alloc.id.encode():
+            yield int(entry.name), cmd, env
+
+
+def allocation_pids(alloc: Allocation) -> list[int]:
+    return [pid for pid, _, _ in _allocation_processes(alloc) if pid != os.getpid()]
+
+
+def rank_pids(alloc: Allocation, rank: int) -> list[int]:
+    """The train.py processes of one global rank inside an allocation's containers."""
+    return [
+        pid
+        for pid, cmd, env in _allocation_processes(alloc)
+        if any(part.endswith(b"train.py") for part in cmd)
+        and env.get(b"RANK") == str(rank).encode()
+        and b"determined.launch.wrap_rank" not in b" ".join(cmd)
+    ]
 
 
 @contextlib.contextmanager
