@@ -1,5 +1,8 @@
 """Every use of Determined internals, each with its reason, in one place.
 
+One idea: every reach past Determined's public API, so that each is read, justified and checked
+against the installed version in one file rather than scattered where it is used.
+
 Determined 0.38.1 is the final release, so these cannot move under us; still, each one is
 checked against the installed version before use (`check_version`), so a different Determined
 fails with a clear message instead of an AttributeError deep in training.
