@@ -46,10 +46,10 @@ class SquadTrial(pytorch.PyTorchTrial):
     def __init__(self, context: pytorch.PyTorchTrialContext) -> None:
         self.context = context
         self.run_log = RunLog(context)
-        self.rank_random_state = RankRandomState(context)
         conf = context.get_experiment_config()
         self.experiment_name = conf.get("name")
         self.plan = run_plan.run_plan(conf, context.get_hparams(), context.distributed.size)
+        self.rank_random_state = RankRandomState(context, self.plan.collective_timeout_s)
         # Windowing, evaluation batching, precision and extraction: what evaluation uses, what
         # every checkpoint's hf/ saves, and what predict.py loads -- one object.
         eval_batch = self.plan.data.eval_batch_size_per_slot(context.get_per_slot_batch_size())

@@ -45,11 +45,24 @@ class RankRandomState(pytorch.PyTorchCallback):
     are gathered wherever a checkpoint can follow (the end of a training workload or a
     validation; nothing draws between there and the save) and restored after Determined's own
     (callbacks load after it, :1026-1030).
+
+    The gather goes over a gloo group of torch's, which times out with the run's other collectives
+    (data.collective_timeout_s), not over Determined's allgather: that one waits on a ZMQ socket
+    without a timeout, so a machine dropping off the network during a workload's end stalled
+    every other rank for good.
     """
 
-    def __init__(self, context: pytorch.PyTorchTrialContext) -> None:
+    def __init__(self, context: pytorch.PyTorchTrialContext, timeout_s: float | None = None) -> None:
+        import datetime
+
+        import torch.distributed as dist
+
         self.context = context
         self.ranks: list[dict[str, Any]] | None = None
+        self.group = None
+        if context.distributed.size > 1 and dist.is_available() and dist.is_initialized():
+            timeout = datetime.timedelta(seconds=timeout_s) if timeout_s else None
+            self.group = dist.new_group(backend="gloo", timeout=timeout)  # every rank, at init
 
     def _capture(self) -> dict[str, Any]:
         state = {"torch": torch.random.get_rng_state(), "numpy": np.random.get_state()}
@@ -59,7 +72,14 @@ class RankRandomState(pytorch.PyTorchCallback):
         return state
 
     def gather(self) -> None:
-        self.ranks = self.context.distributed.allgather(self._capture())
+        if self.group is None:  # one process
+            self.ranks = [self._capture()]
+            return
+        import torch.distributed as dist
+
+        ranks: list[Any] = [None] * self.context.distributed.size
+        dist.all_gather_object(ranks, self._capture(), group=self.group)
+        self.ranks = ranks
 
     def on_training_workload_end(self, avg_metrics: dict[str, Any], batch_metrics: Any) -> None:
         self.gather()
