@@ -136,7 +136,7 @@ def not_a_file(path: Path | str, base: Path | None = None, shown: Path | str | N
     if full.is_dir():
         inside = sorted(p.name for p in full.iterdir() if p.is_file() and not p.name.startswith("."))
         listed = f" (it holds {', '.join(inside[:4])}{', ...' if len(inside) > 4 else ''})" if inside else ""
-        return f"{shown}: is a directory, not a file{listed}; give one file in it."
+        return f"{shown}: is a directory, not a regular file{listed}."
     told = "the current directory" if base is None else "where the config's relative paths start"
     where = "" if given.is_absolute() else f" in {start} ({told})"
     nearest = []

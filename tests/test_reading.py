@@ -252,7 +252,7 @@ def test_a_path_that_is_no_file_says_where_it_looked_and_what_is_near(trained, t
 
     dry = ["train.py", "--config", "local.yaml", "--dry-run", "--set"]
     code, _, err = run_main([*dry, "data.train_file=squad_data"])
-    assert code == 2 and "squad_data: is a directory, not a file (it holds " in err, err
+    assert code == 2 and "squad_data: is a directory, not a regular file (it holds " in err, err
     code, _, err = run_main([*dry, "data.train_file=squad_data/local-train-v1.json"])
     near = "relative paths start); did you mean squad_data/local-train-v1.1.json?"
     assert code == 2 and f"no such file in {ROOT}" in err and near in err, err

@@ -237,14 +237,14 @@ def test_every_command_runs_as_typed_in_a_fresh_copy(workspace: Path, stores: li
 
 
 def assert_checkpoint_size_as_quoted(checkpoint: Path) -> None:
-    """The README's checkpoint size rule, against the first command's checkpoint (MiniLM, AdamW):
-    16 bytes a parameter -- Determined's state holds the weights and AdamW's two moments in fp32,
-    `hf/` the weights again."""
+    """The checkpoint size rule docs/local.md states, against the first command's checkpoint
+    (MiniLM, AdamW): 16 bytes a parameter -- Determined's state holds the weights and AdamW's two
+    moments in fp32, `hf/` the weights again."""
     quoted = re.search(
         r"16 bytes a parameter, for MiniLM's ([\d.]+) M parameters",
-        " ".join((ROOT / "README.md").read_text().split()),
+        " ".join((ROOT / "docs" / "local.md").read_text().split()),
     )
-    assert quoted, "README.md no longer states the checkpoint's size"
+    assert quoted, "docs/local.md no longer states the checkpoint's size"
     weights = (checkpoint / "hf" / "model.safetensors").stat().st_size
     parameters = weights / 4  # fp32: 4 bytes a parameter
     assert round(parameters / 1e6, 1) == float(quoted[1])
