@@ -312,8 +312,8 @@ class Cluster:
 
     def kill(self, alloc: Allocation) -> None:
         """Every process of the allocation: each container's group, and any process that left it
-        (a rank the launcher started in a session of its own outlived a killed container and
-        waited on a collective for good), found by its DET_ALLOCATION_ID."""
+        (a rank the launcher started outside the container's process group outlived a killed
+        container and waited on a collective for good), found by its DET_ALLOCATION_ID."""
         for proc in alloc.containers:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
