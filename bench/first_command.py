@@ -1,7 +1,7 @@
 """The README's first command as a new user types it, in a fresh clone: how long it takes (the
 install and the run), what it prints (EM/F1) and which precision `auto` picked on this CPU.
 
-    python3 -m bench.first_command [--pip-cache cold|warm] [--set KEY=VALUE] [--json FILE]
+    python3 -m bench.first_command [--pip-cache cold|warm] [--config YAML] [--set KEY=VALUE] [--json FILE]
 
 `--pip-cache cold` installs with pip's cache off (everything fetched or unpacked anew), `warm` with
 it as it is. ATEN_CPU_CAPABILITY / ONEDNN_MAX_CPU_ISA in the environment (e.g. avx2 / AVX2: the
@@ -41,7 +41,7 @@ def timed(command: str, cwd: Path, env: dict[str, str]) -> tuple[float, subproce
     return time.perf_counter() - start, done
 
 
-def first_command(pip_cache: str, overrides: list[str]) -> dict[str, Any]:
+def first_command(pip_cache: str, overrides: list[str], config: str | None = None) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "PYTHONPATH"))}
     if pip_cache == "cold":
         env["PIP_NO_CACHE_DIR"] = "1"
@@ -51,7 +51,7 @@ def first_command(pip_cache: str, overrides: list[str]) -> dict[str, Any]:
         if (ROOT.parent / "shared").is_dir():
             os.symlink(ROOT.parent / "shared", Path(tmp) / "shared")
         install_s, _ = timed(SETUP, clone, env)
-        run = RUN + "".join(f" --set {override}" for override in overrides)
+        run = RUN + (f" --config {config}" if config else "") + "".join(f" --set {o}" for o in overrides)
         run_s, done = timed(run, clone, env)
     result = json.loads(done.stdout.strip().splitlines()[-1])
     model_line = next(
@@ -60,6 +60,7 @@ def first_command(pip_cache: str, overrides: list[str]) -> dict[str, Any]:
     picked = re.search(r"precision (\w+) \(([^)]*)\)", model_line)
     return {
         "pip_cache": pip_cache,
+        "config": config,
         "set": overrides,
         "kernels": {k: os.environ[k] for k in KERNEL_LIMITS if os.environ.get(k)},
         "install_s": install_s,
@@ -79,9 +80,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pip-cache", choices=["cold", "warm"], default="warm")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--config", help="a shipped YAML to run instead of the default (local_v2.yaml)")
     parser.add_argument("--json", type=Path, help="append the row to this file's rows")
     args = parser.parse_args(argv)
-    row = {**provenance("bench.first_command", sys.argv[1:]), **first_command(args.pip_cache, args.overrides)}
+    measured = first_command(args.pip_cache, args.overrides, args.config)
+    row = {**provenance("bench.first_command", sys.argv[1:]), **measured}
     print(json.dumps(row))
     if args.json:
         record = json.loads(args.json.read_text()) if args.json.is_file() else {"rows": []}
