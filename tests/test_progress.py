@@ -66,3 +66,26 @@ def test_progress_redraws_in_place_on_a_terminal() -> None:
     assert "lr 9.00e-05  32.0 samples/s  left 0m10s" in text
     assert text.endswith("validation after batch 20: exact_match 40.00  f1 50.00\n")
     assert progress.duration(3725) == "1h02m" and progress.duration(65) == "1m05s"
+
+
+def test_the_first_estimate_leaves_the_first_batchs_set_up_out() -> None:
+    """A first batch 60 times a steady one (one-time set-up, as an AVX2-only CPU showed) must not
+    become the estimate: 204 batches at 1 s each are 3-4 minutes, not hours."""
+    import io
+
+    from extractive_qa.launch import progress
+
+    now = [0.0]
+    screen = io.StringIO()
+    bar = progress.Progress(
+        None, total_batches=204, batches_per_epoch=68, global_batch_size=16, stream=screen, clock=lambda: now[0]
+    )
+    bar.on_trial_startup(0, None)
+    for batch, took in enumerate([60.0, 1.0, 1.0, 1.0, 1.0]):
+        bar.before_batch(batch)
+        now[0] += took
+    lines = screen.getvalue().splitlines()
+    assert lines == [
+        "[........................] batch 4/204  epoch 1/3  16.0 samples/s  left 3m20s"
+        "  (estimate from batches 2-4; batch 1 took 60.0 s with set-up; each report replaces it)"
+    ], lines

@@ -12,6 +12,7 @@ import logging
 import math
 import sys
 import time
+from collections.abc import Callable
 from typing import Any, TextIO
 
 from determined import pytorch
@@ -30,8 +31,18 @@ def duration(seconds: float) -> str:
 
 
 class Progress(pytorch.PyTorchCallback):
-    """A progress update after the first batch (its time as the first estimate of what is left),
-    then one per training report (every scheduling_unit batches)."""
+    """A first estimate of what is left after a few batches, then one update per training report
+    (every scheduling_unit batches).
+
+    The run's first batch carries one-time set-up (kernel selection, allocator growth, the first
+    window width): on some CPUs it takes many times a steady batch, and an estimate drawn from it
+    said more than an hour for a six-minute run. The first estimate is therefore drawn from the
+    batches after it (up to ESTIMATE_BATCHES of them, or ESTIMATE_SECONDS of training), and the
+    line says so and what the first batch took.
+    """
+
+    ESTIMATE_BATCHES = 3
+    ESTIMATE_SECONDS = 20.0
 
     def __init__(
         self,
@@ -40,6 +51,7 @@ class Progress(pytorch.PyTorchCallback):
         batches_per_epoch: int,
         global_batch_size: int,
         stream: TextIO | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.context = context
         self.total = total_batches
@@ -47,24 +59,34 @@ class Progress(pytorch.PyTorchCallback):
         self.global_batch_size = global_batch_size
         self.stream = stream or sys.stderr
         self.live = self.stream.isatty()
+        self.clock = clock
         self._rate: float | None = None  # samples/s of the last window (perf_metrics)
         self._drawn = False
         self._done = 0  # batches trained so far (context.current_train_batch() fails before any)
-        self._first: tuple[int, float] | None = None  # (the run's first batch index, its start)
+        self._starts: list[tuple[int, float]] = []  # (batch index, its start) until the estimate
+        self._estimated = False
 
     def on_trial_startup(self, first_batch_idx: int, checkpoint_uuid: str | None) -> None:
         self._done = first_batch_idx  # a resumed run starts above zero
 
     def before_batch(self, batch_idx: int) -> None:
-        """Called by the trial before each batch: after the run's first batch, say so at once
-        rather than after a whole reporting period (minutes on a CPU)."""
-        if self._first is None:
-            self._first = (batch_idx, time.monotonic())
-        elif batch_idx == self._first[0] + 1:  # the first batch is done
-            seconds = time.monotonic() - self._first[1]
-            # Slower than the rest (warm-up); the first report's rate replaces it.
-            rate = self.global_batch_size / seconds if seconds > 0 else None
-            self._emit(self._line(batch_idx, {}, rate) + "  (estimate from the first batch)", final=False)
+        """Called by the trial before each batch: a first estimate after a few batches, rather
+        than after a whole reporting period (minutes on a CPU)."""
+        if self._estimated or self._rate is not None:
+            return
+        self._starts.append((batch_idx, self.clock()))
+        if len(self._starts) < 3:  # the first batch and at least one after it
+            return
+        (first, t0), (second, t1), (last, now) = self._starts[0], self._starts[1], self._starts[-1]
+        if last - second < self.ESTIMATE_BATCHES and now - t1 < self.ESTIMATE_SECONDS:
+            return
+        self._estimated = True
+        rate = self.global_batch_size * (last - second) / (now - t1) if now > t1 else None
+        note = (
+            f"  (estimate from batches {second + 1}-{last}; batch {first + 1} took "
+            f"{t1 - t0:.1f} s with set-up; each report replaces it)"
+        )
+        self._emit(self._line(last, {}, rate) + note, final=False)
 
     def on_training_workload_end(self, avg_metrics: dict[str, Any], batch_metrics: Any) -> None:
         self._done = self.context.current_train_batch() + 1
