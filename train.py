@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 import json
 import logging
 import sys
@@ -173,7 +172,8 @@ def train_run(
     # On a cluster the master hands the config over; locally it is the command line's.
     source = run_source(det_internals.cluster_trial(), args, local_world_size())
     plan = run_plan.run_plan(source.exp_conf, source.hparams, source.slots)  # a bad config ends here
-    expected = functools.partial(optimization.expected_state, plan)  # what a resumed checkpoint must fit
+    # What a checkpoint to resume must fit: built here (the trial's stage) and handed down as data.
+    expected = optimization.expected_state(plan) if cluster_run.resumes(args, source) else None
     driver = cluster_run.driver_for(args, source, plan, expected, cleanup)
     if plan.length.unit == "batches":  # epochs: once the trial counts them (before_fit)
         already = driver.finished(plan.length.value)  # a restarted job's result, when it had finished

@@ -107,6 +107,20 @@ def first_command_table(*names: str) -> str:
     return table(head, rows)
 
 
+@block("command-time")
+def command_time(name: str, word: str) -> str:
+    """How long a documented command (bench.first_command --command) took from a fresh clone: the
+    row whose command holds `word` (`torchrun`, `scaling.py`), with its EM/F1 where it prints them."""
+    results = Results(name)
+    row = next((r for r in results["rows"] if word in r["run"].split()), None)
+    assert row is not None, f"{name}: no row runs {word!r}"
+    scores = f"EM {num(row['exact_match'])} / F1 {num(row['f1'])} in {picked(row)}, " if row.get("f1") else ""
+    return (
+        f"{scores}{num(row['run_s'], 0)} s for the command, {num(row['total_s'] / 60, 1)} min in all "
+        f"from a fresh clone ({measured_on(results, row)})"
+    )
+
+
 @block("ci-time")
 def ci_time(name: str) -> str:
     """How long `.ci/run` took from a fresh clone: a text file whose first lines, up to the first

@@ -61,11 +61,6 @@ def experiment_config(info: Any) -> dict[str, Any]:
     return dict(info.trial._config)
 
 
-def steps_completed(info: Any) -> int:
-    # DET_STEPS_COMPLETED: what the master's latest checkpoint had trained (_info.py:104).
-    return int(info.trial._steps_completed)
-
-
 @contextlib.contextmanager
 def resume_at(steps: int) -> Iterator[None]:
     """Local mode: make the trial controller continue at `steps` batches.

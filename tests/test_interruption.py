@@ -41,7 +41,7 @@ def _signal_after_first_batch(proc: subprocess.Popen, signum: int, group: bool =
     assert proc.stderr is not None
     for line in proc.stderr:
         seen.append(line)
-        if "batch" in line and "estimate from the first batch" in line:
+        if "batch" in line and "estimate from batches" in line:
             os.killpg(proc.pid, signum) if group else proc.send_signal(signum)
             break
         assert time.monotonic() < deadline, "".join(seen)[-3000:]
@@ -149,7 +149,7 @@ def test_sigterm_exits_143_and_a_second_ctrl_c_stops_at_once(tiny_bert: Path, tm
     assert proc.stderr is not None
     for line in proc.stderr:  # the first Ctrl-C once training runs, the second when it is heard
         seen.append(line)
-        if "estimate from the first batch" in line:
+        if "estimate from batches" in line:
             proc.send_signal(signal.SIGINT)
         if "SIGINT: stopping after this batch" in line:
             proc.send_signal(signal.SIGINT)

@@ -261,3 +261,42 @@ def test_model_files_are_opened_only_through_the_reader() -> None:
         and node.func.attr == "from_pretrained"
     )
     assert not callers, f"read the model through model_io.load_qa_model or pretrained_config: {callers}"
+
+
+def does_nothing(function: ast.FunctionDef) -> bool:
+    """A body of a docstring, `pass`, `...` or `return None` / `return TrialExtras()` alone."""
+    body = [s for s in function.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+    if not body:
+        return True
+    if len(body) != 1:
+        return False
+    only = body[0]
+    if isinstance(only, ast.Pass):
+        return True
+    return isinstance(only, ast.Return) and (
+        only.value is None
+        or (isinstance(only.value, ast.Constant) and only.value.value is None)
+        or (isinstance(only.value, ast.Call) and not only.value.args and not only.value.keywords)
+    )
+
+
+def test_the_drivers_are_one_protocol_and_say_nothing_only_there(tmp_path: Path) -> None:
+    """launch/driver.RunDriver is the interface train.py drives: both drivers subclass it,
+    driver_for returns it, and a step a driver has nothing to do in is RunDriver's default, not
+    a no-op of its own."""
+    from extractive_qa.launch import cluster_run, driver, local_run
+
+    assert driver.RunDriver in cluster_run.ClusterRun.__mro__
+    assert driver.RunDriver in local_run.LocalRun.__mro__
+    assert cluster_run.driver_for.__annotations__["return"] == "RunDriver"
+
+    def no_ops(path: Path) -> list[str]:
+        tree = ast.parse(path.read_text())
+        drivers = [c for c in ast.walk(tree) if isinstance(c, ast.ClassDef) and "RunDriver" in ast.unparse(c)]
+        return [f.name for c in drivers for f in c.body if isinstance(f, ast.FunctionDef) and does_nothing(f)]
+
+    for name in ("cluster_run", "local_run"):
+        assert no_ops(PACKAGE / "launch" / f"{name}.py") == [], name
+    planted = tmp_path / "planted.py"  # the scan finds a no-op step
+    planted.write_text("class X(RunDriver):\n    def report(self, slots):\n        '''Nothing.'''\n")
+    assert no_ops(planted) == ["report"]

@@ -527,12 +527,13 @@ def test_a_copy_replaced_after_its_rewrite_is_refused_before_the_restore(
     prepare = resume_module.prepare_resume
 
     def prepare_then_swap(*args: Any, **kwargs: Any) -> Any:
-        private, steps = prepare(*args, **kwargs)
+        resumed = prepare(*args, **kwargs)
+        private = resumed.copy
         moved = private.path.with_name(private.path.name + "-moved")
         private.path.rename(moved)
         shutil.copytree(moved, private.path)
         (private.path / "trial_state.pkl").write_bytes(evil_pickle(marker))
-        return private, steps
+        return resumed
 
     monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
     monkeypatch.setattr(resume_module, "prepare_resume", prepare_then_swap)

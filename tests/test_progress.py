@@ -78,7 +78,12 @@ def test_the_first_estimate_leaves_the_first_batchs_set_up_out() -> None:
     now = [0.0]
     screen = io.StringIO()
     bar = progress.Progress(
-        None, total_batches=204, batches_per_epoch=68, global_batch_size=16, stream=screen, clock=lambda: now[0]
+        None,
+        total_batches=204,
+        batches_per_epoch=68,
+        global_batch_size=16,
+        stream=screen,
+        clock=lambda: now[0],
     )
     bar.on_trial_startup(0, None)
     for batch, took in enumerate([60.0, 1.0, 1.0, 1.0, 1.0]):

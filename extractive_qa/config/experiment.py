@@ -281,7 +281,7 @@ def aggregation_of(conf: dict[str, Any]) -> int:
 # --------------------------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(frozen=True)
 class Source:
     """Where this run's config comes from: the master (a cluster trial) or the command line."""
 
@@ -289,9 +289,8 @@ class Source:
     hparams: dict[str, Any]
     slots: int
     on_cluster: bool
-    latest_checkpoint: str | None = None  # the storage id Determined restores (resume.restore's copy)
-    steps_completed: int = 0
-    # A cluster's latest checkpoint, to verify: on shared_fs, in a bucket, or other storage.
+    # The master's latest checkpoint, to verify: on shared_fs, in a bucket, or other storage. What
+    # fit restores is the driver's (launch.driver.ResumePoint): its rewritten private copy.
     checkpoint_path: Path | buckets.Location | det_internals.ManagedCheckpoint | None = None
 
 
@@ -303,8 +302,6 @@ def from_cluster(info: Any) -> Source:
         hparams=dict(info.trial.hparams),
         slots=slots_of(exp_conf),
         on_cluster=True,
-        latest_checkpoint=latest,
-        steps_completed=det_internals.steps_completed(info),
         checkpoint_path=latest_checkpoint_at(exp_conf, latest) if latest else None,
     )
 

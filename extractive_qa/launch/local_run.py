@@ -21,17 +21,17 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from determined import pytorch
+from determined import core, pytorch
 
 from extractive_qa import det_internals
 from extractive_qa.config import run_plan
-from extractive_qa.config.experiment import RunOptions
+from extractive_qa.config.experiment import RunOptions, Source
 from extractive_qa.files import ROOT, write_text_atomic
 from extractive_qa.launch import interruption, progress
+from extractive_qa.launch.driver import BuiltTrial, ResumePoint, RunDriver
 from extractive_qa.launch.process import join_process_group, seed_everything
 from extractive_qa.launch.storage import (
     check_free_space,
@@ -43,9 +43,15 @@ from extractive_qa.launch.storage import (
 )
 from extractive_qa.output_rules import check_output_file, check_outputs
 from extractive_qa.resume import identity
-from extractive_qa.resume.restore import finished_resume, latest_checkpoint, prepare_resume, resume_from
+from extractive_qa.resume.restore import (
+    Resumed,
+    finished_resume,
+    latest_checkpoint,
+    prepare_resume,
+    resume_from,
+)
 from extractive_qa.resume.rewrite import ExpectedState
-from extractive_qa.trial.callbacks import TrialExtras
+from extractive_qa.trial.callbacks import RunLog, TrialExtras
 
 logger = logging.getLogger("squad")
 
@@ -53,17 +59,16 @@ DATA_FILES = ("train_file", "validation_file")  # data.* paths a run reads (URLs
 
 
 @dataclasses.dataclass
-class LocalRun:
+class LocalRun(RunDriver):
     args: RunOptions
-    source: Any  # config.experiment.Source
+    source: Source  # the command line's config
     plan: run_plan.RunPlan
-    distributed: Any = None  # torchrun's process group, as Determined's DistributedContext
-    resumed: Path | None = None  # the checkpoint --resume named (or `auto` found)
-    resumed_copy: Path | None = None  # its rewritten private copy, which Determined restores
-    private: Any = None  # that copy as resume.PrivateCopy, checked again just before the restore
+    distributed: core.DistributedContext | None = None  # torchrun's process group, as Determined's
+    resume_point: ResumePoint = ResumePoint()
+    resumed: Resumed | None = None  # the checkpoint --resume named (or `auto` found), rewritten
     identity: dict[str, Any] = dataclasses.field(default_factory=dict)
     stop: interruption.Interruption | None = None
-    series: Any = None  # the metric series (--metrics-out)
+    series: MetricSeries | None = None  # the metric series (--metrics-out)
 
     @property
     def storage(self) -> Path:
@@ -93,7 +98,7 @@ class LocalRun:
         seed_everything(self.plan.seed)
         os.environ["XDG_DATA_HOME"] = str(self.args.checkpoint_dir.resolve())
 
-    def resume(self, expected: Callable[[], ExpectedState], cleanup: contextlib.ExitStack) -> None:
+    def resume(self, expected: ExpectedState, cleanup: contextlib.ExitStack) -> None:
         """The checkpoint --resume means, rewritten into a private copy Determined restores, with
         --resume DIR's settings compared with this run's (auto and latest pick only this run's)."""
         flag = self.args.resume
@@ -110,13 +115,12 @@ class LocalRun:
                 shown=found,
                 command_line=list(self.args.command_line),
             )
-        private, steps = prepare_resume(found, expected(), "--resume", same_run)
-        self.source.steps_completed = steps
-        cleanup.callback(private.remove)
-        self.source.latest_checkpoint = det_internals.restore_id(private.path)
-        self.private = private
-        self.resumed, self.resumed_copy = found, private.path
-        identity.note_length_change(private.path, {self.plan.length.unit: self.plan.length.value})
+        resumed = prepare_resume(found, expected, "--resume", same_run)
+        cleanup.callback(resumed.copy.remove)
+        self.resumed = resumed
+        self.resume_point = ResumePoint(det_internals.restore_id(resumed.copy.path), resumed.steps)
+        logger.info("--resume %s: continuing from %s at batch %d", flag, found, resumed.steps)
+        identity.note_length_change(resumed.record, {self.plan.length.unit: self.plan.length.value})
 
     def note_an_earlier_run(self) -> None:
         """A run started without --resume beside a checkpoint of the same settings (the first
@@ -139,25 +143,17 @@ class LocalRun:
             found, reached, identity.steps_completed(found),
         )  # fmt: skip
 
-    @property
-    def rank(self) -> int:
-        return self.distributed.rank if self.distributed is not None else 0
-
     def finished(self, total: int) -> dict[str, Any] | None:
         """The result of a resume with nothing left to train of `total` batches (None: train on)."""
         if self.resumed is None:
             return None
-        steps = self.source.steps_completed
-        return finished_resume(self.args.resume, steps, total, self.resumed, self.resumed_copy)
+        return finished_resume(self.args.resume, self.resumed, total)
 
     # ----------------------------------------------------------------------------------------
     # The trial: what it is built with, and what is checked once it is built.
     # ----------------------------------------------------------------------------------------
 
-    def restore(self, context: Any, cleanup: contextlib.ExitStack) -> None:
-        """Inside Determined's context: nothing more (the resume was prepared before it)."""
-
-    def extras(self, trial: Any, context: Any) -> TrialExtras:
+    def extras(self, trial: BuiltTrial, context: pytorch.PyTorchTrialContext) -> TrialExtras:
         """What a local run adds to the built trial (its run log, batches per epoch, random-state
         gatherer): Ctrl-C / SIGTERM at a batch boundary, the progress display, checkpoint
         retention and the metric series. The trial gets them from here and never calls back."""
@@ -183,13 +179,13 @@ class LocalRun:
         added.callbacks["retention"] = retention(self.source.exp_conf, trial.run_log)
         return added
 
-    def before_fit(self, trial: Any, context: Any) -> dict[str, Any] | None:
+    def before_fit(self, trial: BuiltTrial, context: pytorch.PyTorchTrialContext) -> dict[str, Any] | None:
         """Once the trial is built, before any batch: the resumed checkpoint's data against this
         run's, a length the checkpoint has not reached yet, private storage with room for one
         more checkpoint. A result: the run had already finished (auto, latest)."""
         if self.resumed is not None:
             identity.check_same_data(
-                self.resumed_copy, trial.train_set.sha256, self.args.allow_changed, self.resumed
+                self.resumed.record, trial.train_set.sha256, self.args.allow_changed, self.resumed.shown
             )
             done = self.finished(run_plan.total_batches(self.plan.length, trial.batches_per_epoch()))
             if done is not None:
@@ -203,20 +199,20 @@ class LocalRun:
     # Fit, and what the user is told.
     # ----------------------------------------------------------------------------------------
 
-    def fit(self, trainer: pytorch.Trainer, trial: Any, context: Any) -> None:
+    def fit(self, trainer: pytorch.Trainer, trial: BuiltTrial, context: pytorch.PyTorchTrialContext) -> None:
         """Trainer.fit from the checkpoint's step; a stop or a failed checkpoint write becomes an
         Interrupted / ConfigError that says what was kept and how to continue."""
         rank = context.distributed.rank
         before = {p.name for p in self.storage.iterdir()} if self.storage.is_dir() else set()
-        if self.private is not None:
-            self.private.verify()  # the directory Determined reads next is still the one written
+        if self.resumed is not None:
+            self.resumed.copy.verify()  # the directory Determined reads next is still the one written
         with (
-            det_internals.resume_at(self.source.steps_completed),
+            det_internals.resume_at(self.resume_point.steps_completed),
             det_internals.code_copy_that_keeps_the_state(),
             self.stop or contextlib.nullcontext(),
         ):
             try:
-                trainer.fit(**self.plan.fit_kwargs(self.source.latest_checkpoint, False))
+                trainer.fit(**self.plan.fit_kwargs(self.resume_point.storage_id, False))
             except interruption.StoppedNow:  # a second Ctrl-C
                 raise interruption.Interrupted(130, None, trial.run_log.checkpoint, rank) from None
             except (OSError, RuntimeError) as err:
@@ -240,23 +236,26 @@ class LocalRun:
             "global_batch_size": self.plan.hparams.global_batch_size,
             "aggregation_frequency": self.plan.aggregation_frequency,
             "optimizer": self.plan.hparams.optimizer,
-            **self.series.series,
+            **(self.series.series if self.series is not None else {}),
         }
         write_text_atomic(self.args.metrics_out, json.dumps(record, indent=1))
 
 
 def prepare(
     args: RunOptions,
-    source: Any,
+    source: Source,
     plan: run_plan.RunPlan,
-    expected: Callable[[], ExpectedState],
+    expected: ExpectedState | None,
     cleanup: contextlib.ExitStack,
 ) -> LocalRun:
-    """Everything a local run does before Determined builds the trial, in order."""
+    """Everything a local run does before Determined builds the trial, in order. `expected`: what
+    the checkpoint --resume names must fit (train.py builds it where --resume is given)."""
     local = LocalRun(args, source, plan)
     local.check_outputs()
     local.join()
     if args.resume:
+        if expected is None:
+            raise ValueError("--resume needs the state its checkpoint must fit")
         local.resume(expected, cleanup)
     else:
         local.note_an_earlier_run()
@@ -268,7 +267,7 @@ def prepare(
 # --------------------------------------------------------------------------------------------
 
 
-def retention(exp_conf: dict[str, Any], run_log: Any) -> LocalRetention:
+def retention(exp_conf: dict[str, Any], run_log: RunLog) -> LocalRetention:
     """checkpoint_storage's save_trial_latest / save_trial_best for a local run's checkpoints."""
     storage = exp_conf.get("checkpoint_storage") or {}
     searcher = exp_conf.get("searcher") or {}
@@ -288,7 +287,7 @@ class LocalRetention(pytorch.PyTorchCallback):
     checkpoint holds the weights three times over (model, AdamW's two moments) plus hf/.
     Checkpoints this run did not write are never touched."""
 
-    def __init__(self, run_log: Any, latest: int, best: int, metric: str, smaller_is_better: bool) -> None:
+    def __init__(self, run_log: RunLog, latest: int, best: int, metric: str, smaller_is_better: bool) -> None:
         self.run_log, self.latest, self.best = run_log, max(1, latest), best
         self.metric, self.sign = metric, (1 if smaller_is_better else -1)
         self.written: list[tuple[Path, float | None]] = []  # oldest first, with the metric validated at it
@@ -316,7 +315,7 @@ class MetricSeries(pytorch.PyTorchCallback):
     asked for (train.py --metrics-out), so scaling.py computes throughput the same way from a
     local run or a cluster's. Runs after the trial's run log, whose step count it uses."""
 
-    def __init__(self, run_log: Any) -> None:
+    def __init__(self, run_log: RunLog) -> None:
         self.run_log = run_log
         self.series: dict[str, list[dict[str, Any]]] = {"training": [], "validation": []}
 

@@ -58,7 +58,8 @@ def identity_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str
 
 
 def json_record(checkpoint: Path) -> dict[str, Any]:
-    """experiment.json of a checkpoint (the rewritten copy: already parsed once), or {}."""
+    """experiment.json of a checkpoint on disk, or {} (listing and choosing checkpoints; a resume
+    takes the record its rewrite parsed)."""
     try:
         return reading.read_json_object(checkpoint / IDENTITY_RECORD, reading.RECORD, follow_links=False)
     except reading.UnreadableFile:
@@ -75,15 +76,16 @@ def steps_completed(checkpoint: Path) -> int | None:
     return value if type(value) is int and value >= 0 else None
 
 
-def checkpoint_record(checkpoint: Path, key: str) -> dict[str, Any] | None:
-    """What a checkpoint recorded of its run (experiment.json): its `identity`
-    (run_identity above) or `train_length`; None without a record."""
-    value = json_record(checkpoint).get(key)
-    return value if isinstance(value, dict) else None
+def recorded(record: dict[str, Any], key: str) -> dict[str, Any]:
+    """One part of what a checkpoint recorded of its run (experiment.json): its `identity`
+    (run_identity above), `train_length` or `validation`; {} where it has none."""
+    value = record.get(key)
+    return value if isinstance(value, dict) else {}
 
 
 def checkpoint_identity(checkpoint: Path) -> dict[str, Any] | None:
-    return checkpoint_record(checkpoint, "identity")
+    """The identity a checkpoint on disk records (choosing which one `--resume auto` continues)."""
+    return recorded(json_record(checkpoint), "identity") or None
 
 
 def accepted_command(command_line: list[str], saved: dict[str, Any], changed: list[str]) -> str:
@@ -141,11 +143,11 @@ def check_same_run(
     )
 
 
-def check_same_data(checkpoint: Path, train_sha256: str, allow_changed: bool, shown: Path) -> None:
+def check_same_data(record: dict[str, Any], train_sha256: str, allow_changed: bool, shown: Path) -> None:
     """The training questions this run read against those the checkpoint's run read (their SHA-256,
     subsets included): another file at the same path is another run, refused as changed settings
     are (--allow-changed continues anyway). Checkpoints from before the digest was recorded pass."""
-    saved = json_record(checkpoint).get("train_sha256")
+    saved = record.get("train_sha256")
     if saved is None or saved == train_sha256:
         return
     change = f"the training data differ (SHA-256 {str(saved)[:12]}... -> {train_sha256[:12]}...)"
@@ -159,11 +161,11 @@ def check_same_data(checkpoint: Path, train_sha256: str, allow_changed: bool, sh
     )
 
 
-def note_length_change(checkpoint: Path, length: dict[str, int]) -> None:
+def note_length_change(record: dict[str, Any], length: dict[str, int]) -> None:
     """A resume with another total length than the checkpoint's run was planned for: say what
     happens to the schedule (it is planned again for the new total)."""
-    planned = checkpoint_record(checkpoint, "train_length")
-    if planned is not None and planned != length:
+    planned = recorded(record, "train_length")
+    if planned and planned != length:
         was, now = (" ".join(f"{v} {k}" for k, v in d.items()) for d in (planned, length))
         logger.warning(
             "--resume: the checkpoint's run was planned for %s, this one for %s; the warm-up/decay "
@@ -172,9 +174,7 @@ def note_length_change(checkpoint: Path, length: dict[str, int]) -> None:
         )  # fmt: skip
 
 
-def finished_result(checkpoint: Path, shown: Path, steps: int) -> dict[str, Any]:
+def finished_result(record: dict[str, Any], shown: Path, steps: int) -> dict[str, Any]:
     """What a finished run's checkpoint records of it: its latest validation, steps, where it is."""
-    record = json_record(checkpoint)
-    validation = record.get("validation") if isinstance(record.get("validation"), dict) else {}
-    scores = {k: v for k, v in validation.items() if isinstance(v, float)}
+    scores = {k: v for k, v in recorded(record, "validation").items() if isinstance(v, float)}
     return {**scores, "checkpoint": str(shown), "steps_completed": steps, "already_finished": True}

@@ -6,6 +6,7 @@ run's settings."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import logging
 import os
@@ -124,16 +125,28 @@ def remove_stale_copies() -> None:
             lock.close()
 
 
+@dataclasses.dataclass(frozen=True)
+class Resumed:
+    """A checkpoint to continue, rewritten: where it was named or found (`shown`), its private
+    copy (what Determined restores), the batches it trained and its experiment.json as the
+    rewrite parsed it -- the one read every later check of the resume takes."""
+
+    shown: Path
+    copy: PrivateCopy
+    steps: int
+    record: dict[str, Any]
+
+
 def prepare_resume(
     checkpoint: Path,
     expected: ExpectedState,
     what: str = "--resume",
     on_record: Callable[[dict[str, Any]], None] | None = None,
-) -> tuple[PrivateCopy, int]:
-    """A private copy of `checkpoint` rewritten from its decoded contents (checkpoint_rewrite):
-    (the copy, its steps). Determined restores it by its absolute path (det_internals.restore_id).
-    `on_record` checks the checkpoint's experiment.json before its state is read. The caller
-    removes the copy when the run ends; a SIGTERM while it is written removes it too."""
+) -> Resumed:
+    """A private copy of `checkpoint` rewritten from its decoded contents (resume.rewrite).
+    Determined restores it by its absolute path (det_internals.restore_id). `on_record` checks the
+    checkpoint's experiment.json before its state is read. The caller removes the copy when the
+    run ends; a SIGTERM while it is written removes it too."""
     remove_stale_copies()
     if not checkpoint.is_dir():
         raise ConfigError(f"{what} {checkpoint}: not a directory.")
@@ -146,7 +159,7 @@ def prepare_resume(
     private = PrivateCopy()
     try:
         with terminated_as_interrupt():
-            steps = rewrite(checkpoint, private.path, expected, checkpoint, on_record).steps
+            done = rewrite(checkpoint, private.path, expected, checkpoint, on_record)
     except ConfigError as err:  # named as the user gave it: --resume, or a cluster's latest checkpoint
         private.remove()
         message = str(err)
@@ -154,7 +167,7 @@ def prepare_resume(
     except BaseException:
         private.remove()
         raise
-    return private, steps
+    return Resumed(checkpoint, private, done.steps, done.record)
 
 
 class Terminated(KeyboardInterrupt):
@@ -184,7 +197,7 @@ def verify_per_machine(
     distributed: Any,
     checkpoint: Path | buckets.Location | det_internals.ManagedCheckpoint,
     what: str,
-    expected: Callable[[], ExpectedState],
+    expected: ExpectedState,
 ) -> tuple[str, PrivateCopy | None]:
     """A cluster's checkpoint, on shared_fs or in a bucket: each machine's local chief rewrites it
     into a private directory on its own machine (private_root: no other user can reach it, which a
@@ -200,8 +213,9 @@ def verify_per_machine(
         shown = checkpoint if isinstance(checkpoint, Path) else checkpoint.url
         logger.info("verifying %s %s for the %d local rank(s)", what, shown, distributed.local_size)
         try:
-            private, steps = _rewrite_cluster_checkpoint(checkpoint, expected(), what)
-            verdict = {"steps": steps, "private": det_internals.restore_id(private.path)}
+            resumed = _rewrite_cluster_checkpoint(checkpoint, expected, what)
+            private = resumed.copy
+            verdict = {"steps": resumed.steps, "private": det_internals.restore_id(private.path)}
         except (ConfigError, DataError) as err:
             verdict = {"error": str(err)}
     errors = [v["error"] for v in distributed.allgather(verdict) if v is not None and "error" in v]
@@ -215,7 +229,7 @@ def verify_per_machine(
 
 def _rewrite_cluster_checkpoint(
     checkpoint: Path | buckets.Location | det_internals.ManagedCheckpoint, expected: ExpectedState, what: str
-) -> tuple[PrivateCopy, int]:
+) -> Resumed:
     if isinstance(checkpoint, Path):
         return prepare_resume(checkpoint, expected, what)
     limits = source_limits(expected)
@@ -254,7 +268,7 @@ def _downloaded(
 def restore_on_cluster(
     distributed: Any,
     checkpoint: Path | buckets.Location | det_internals.ManagedCheckpoint,
-    expected: Callable[[], ExpectedState],
+    expected: ExpectedState,
     cleanup: contextlib.ExitStack,
 ) -> str:
     """The storage id every rank of a cluster trial restores: its machine's rewritten copy of the
@@ -265,13 +279,12 @@ def restore_on_cluster(
     return name
 
 
-def finished_resume(
-    flag: str | Path, steps: int, total: int, shown: Path, copy: Path
-) -> dict[str, Any] | None:
-    """A resume of a checkpoint with `steps` batches trained, for a run of `total`: None when there
-    is something left to train. --resume DIR is refused (a longer --batches continues it); `auto` /
-    `latest` found this run already finished, which a restarted torchrun job or scheduler is told
-    with the result its checkpoint recorded (`copy`: the rewritten copy of `shown`; exit 0)."""
+def finished_resume(flag: str | Path, resumed: Resumed, total: int) -> dict[str, Any] | None:
+    """A resume of a checkpoint for a run of `total` batches: None when there is something left to
+    train. --resume DIR is refused (a longer --batches continues it); `auto` / `latest` found this
+    run already finished, which a restarted torchrun job or scheduler is told with the result its
+    checkpoint recorded (exit 0)."""
+    steps, shown = resumed.steps, resumed.shown
     if steps < total:
         return None
     if flag not in ("auto", "latest"):
@@ -281,7 +294,7 @@ def finished_resume(
         )
     logger.info("--resume %s: this run already finished (%d of %d batches) in %s; nothing left to train",
                 flag, steps, total, shown)  # fmt: skip
-    return finished_result(copy, shown, steps)
+    return finished_result(resumed.record, shown, steps)
 
 
 def latest_checkpoint(storage: Path, identity: dict[str, Any], flag: str) -> Path | None:
@@ -353,8 +366,4 @@ def resume_from(resume: str | Path, checkpoint_dir: Path, identity: dict[str, An
         found = latest_checkpoint(storage, identity, str(resume))
     if found is None:
         logger.info("--resume auto: no checkpoint of this run in %s; starting from the beginning", storage)
-    else:  # every form says where training goes on (a damaged record is named by the rewrite)
-        steps = steps_completed(found)
-        at = f" at batch {steps}" if steps is not None else ""
-        logger.info("--resume %s: continuing from %s%s", resume, found, at)
     return found

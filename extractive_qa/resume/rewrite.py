@@ -325,6 +325,7 @@ def check_trial_state(state: Any, steps: int, shown: Path) -> dict[str, int]:
 class Rewritten:
     steps: int
     bytes_read: int
+    record: dict[str, Any]  # the checkpoint's experiment.json as parsed here ({} without one)
 
 
 def rewrite(
@@ -370,7 +371,7 @@ def rewrite(
         )
     check_state(state, expected, str(shown / STATE))
     write_new(private, state, trial_state, records)
-    return Rewritten(steps, size)
+    return Rewritten(steps, size, records.get(IDENTITY_RECORD, {}))
 
 
 def write_new(private: Path, state: dict, trial_state: dict[str, int], records: dict[str, dict]) -> None:

@@ -8,20 +8,17 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from extractive_qa.config.schema import model_position_limit
 from extractive_qa.data import squad_files
 from extractive_qa.data.batching import assemble_logits, evaluation_batches, forward_params, model_inputs
-from extractive_qa.data.features import Features, build_features, load_tokenizer, vocabulary_sha256
+from extractive_qa.data.features import Features, build_features
 from extractive_qa.errors import DataError
-from extractive_qa.qa import mixed_precision, qa_settings
+from extractive_qa.qa import mixed_precision
 from extractive_qa.qa.answers import Answers
-from extractive_qa.serve import model_weights
-from extractive_qa.serve.hf_dir import find_hf_dir
+from extractive_qa.serve.model_dir import ModelDir
 
 Logits = tuple[np.ndarray, np.ndarray]
 
@@ -58,45 +55,23 @@ class Predictor:
         runtime: str = "torch",
         null_threshold: str | None = None,
     ):
-        hf = find_hf_dir(checkpoint)
-        self.hf, self.runtime = hf, runtime
-        self.settings = qa_settings.QASettings.load(hf)
+        folder = ModelDir(checkpoint, runtime)  # every check of the folder: serve.model_dir
+        self.hf, self.runtime, self.settings = folder.hf, runtime, folder.settings
         self.null_threshold_from(null_threshold)  # before any tokenizer or weights load
-        if not (hf / "tokenizer.json").is_file():  # without it transformers builds a stand-in
-            raise DataError(
-                f"--checkpoint {checkpoint}: {hf / 'tokenizer.json'} is missing (every export "
-                "writes it); the checkpoint is incomplete: copy it again."
-            )
-        self.tokenizer = load_tokenizer(str(hf))
-        saved = self.settings.vocabulary_sha256
-        if saved is not None and vocabulary_sha256(self.tokenizer) != saved:
-            raise DataError(
-                f"--checkpoint {checkpoint}: {hf / 'tokenizer.json'} is not the tokenizer this model "
-                f"was trained with (its vocabulary differs from the one {qa_settings.QA_SETTINGS} "
-                "records); copy the checkpoint's hf/ again."
-            )
+        folder.check_files()
+        self.tokenizer = folder.tokenizer()
         self.spec = self.settings.window_spec
-        limit = model_position_limit(str(hf))
-        if limit is not None and self.spec.max_seq_length > limit:
-            raise DataError(
-                f"{hf / qa_settings.QA_SETTINGS}: max_seq_length {self.spec.max_seq_length} is above "
-                f"the model's {limit} positions; the file is damaged or edited: re-export the checkpoint."
-            )
         self.batch_size = batch_size or self.settings.eval_batch_size
         if runtime == "torch":
-            self.forward = self._torch_model(checkpoint, hf, device, precision)
+            self.forward = self._torch_model(folder, device, precision)
         else:
-            self.forward = self._onnx_model(hf, device, precision)
+            self.forward = self._onnx_model(folder, device, precision)
 
-    def _onnx_model(self, hf: Path, device: str | None, precision: str | None) -> Callable[[dict], Logits]:
+    def _onnx_model(
+        self, folder: ModelDir, device: str | None, precision: str | None
+    ) -> Callable[[dict], Logits]:
         from extractive_qa.serve import onnx_model
 
-        path = hf / onnx_model.RUNTIME_FILES[self.runtime]
-        if not path.is_file():
-            raise DataError(
-                f"--runtime {self.runtime}: {hf} has no {path.name}; write it with "
-                "`python3 export.py --checkpoint CHECKPOINT --out DIR` and pass --checkpoint DIR."
-            )
         if device not in (None, "cpu"):
             raise DataError(f"--runtime {self.runtime} runs on the CPU (ONNX Runtime's CPU provider).")
         if precision not in (None, "auto", "fp32"):
@@ -106,10 +81,10 @@ class Predictor:
             )
         onnx_model.require_onnx(f"--runtime {self.runtime}")
         self.device, self.precision = "cpu", "fp32"
-        return onnx_model.OnnxLogits(path)
+        return onnx_model.OnnxLogits(folder.onnx_file())
 
     def _torch_model(
-        self, checkpoint: str, hf: Path, device: str | None, precision: str | None
+        self, folder: ModelDir, device: str | None, precision: str | None
     ) -> Callable[[dict], Logits]:
         import torch
 
@@ -124,38 +99,7 @@ class Predictor:
             self.precision = "fp32"
         if self.device.type == "cuda":
             mixed_precision.configure_cuda_math(self.settings.tf32)
-        if (hf / "model.onnx").is_file() and not any(hf.glob("*.safetensors")) and not any(hf.glob("*.bin")):
-            raise DataError(
-                f"--checkpoint {checkpoint}: an ONNX export (no PyTorch weights); answer with "
-                "--runtime onnx or --runtime onnx-int8."
-            )
-        if not any(hf.glob("*.safetensors")) and any(hf.glob("*.bin")):
-            raise DataError(
-                f"--checkpoint {checkpoint}: {hf} holds pickled weights (pytorch_model.bin) only; "
-                "predict.py loads safetensors, which run no code. Re-save the model with "
-                "save_pretrained(..., safe_serialization=True)."
-            )
-        if not (hf / model_weights.WEIGHTS).exists():
-            raise DataError(
-                f"--checkpoint {checkpoint}: {hf} has no {model_weights.WEIGHTS} (train.py and "
-                "export.py write the weights as one safetensors file); copy the checkpoint again."
-            )
-        try:
-            model = model_weights.load_model(hf)
-        except DataError:
-            raise
-        except Exception as err:  # bytes that passed the header check but not safetensors' reader
-            reason = str(err).splitlines()[0][:300] if str(err) else type(err).__name__
-            raise DataError(
-                f"--checkpoint {checkpoint}: cannot load the model in {hf} ({reason}); the weights "
-                "may be damaged or cut short: copy the checkpoint again."
-            ) from None
-        vocabulary, embeddings = len(self.tokenizer), model.get_input_embeddings().num_embeddings
-        if not embeddings // 2 <= vocabulary <= embeddings:  # models may pad embeddings, not halve them
-            raise DataError(
-                f"--checkpoint {checkpoint}: its tokenizer has {vocabulary} tokens, its model "
-                f"{embeddings} embeddings; the tokenizer files in {hf} are not this model's."
-            )
+        model = folder.torch_model(self.tokenizer)
         if self.precision in mixed_precision.AUTOCAST_DTYPES:
             mixed_precision.fp32_logits(model)
         self.model = model.to(self.device).eval()
