@@ -306,7 +306,7 @@ def test_null_threshold_tuned_without_a_tuned_threshold_is_refused_before_the_mo
     after the tokenizer and weights load (seconds to a minute)."""
     import shutil
 
-    from extractive_qa.serve import model_weights, predictor
+    from extractive_qa.serve import model_dir, model_weights
 
     checkpoint, _ = trained
     planted = tmp_path / "v2"
@@ -318,7 +318,7 @@ def test_null_threshold_tuned_without_a_tuned_threshold_is_refused_before_the_mo
     def loaded(*args: object, **kwargs: object) -> None:
         raise AssertionError("the model or tokenizer was loaded before the check")
 
-    monkeypatch.setattr(predictor, "load_tokenizer", loaded)
+    monkeypatch.setattr(model_dir, "load_tokenizer", loaded)
     monkeypatch.setattr(model_weights, "load_model", loaded)
     code, out, err = run_main(["predict.py", "--checkpoint", str(planted), "--question", "Who won?",
                                "--context", "Denver won.", "--null-threshold", "tuned"])  # fmt: skip
