@@ -204,16 +204,52 @@ def cpu_description() -> dict[str, Any]:
 
 
 def machine_text(device: torch.device | None = None, cpu: dict[str, Any] | None = None) -> str:
-    """One line naming what a figure was measured on: a CUDA device's name, or a CPU's model,
-    family, torch's threads and bf16 units -- `cpu` (a recorded cpu_description) or this one's."""
+    """One line naming what a figure was measured on: a CUDA device's name with its host's CPU
+    cores, or a CPU's model, family, torch's threads, the host's cores and bf16 units -- `cpu` (a
+    recorded cpu_description) or this one's."""
     if cpu is None and device is not None and device.type == "cuda":
-        return torch.cuda.get_device_name(device)
+        return f"{torch.cuda.get_device_name(device)} ({os.cpu_count()} CPU cores)"
     cpu = cpu if cpu is not None else cpu_description()
     units = ", ".join(cpu.get("bf16_units", ["?"]))
     return (
-        f"{cpu.get('cpu', '?')} ({cpu.get('family') or '?'}), {cpu.get('torch_threads', '?')} threads, "
-        f"bf16 units: {units}"
+        f"{cpu.get('cpu', '?')} ({cpu.get('family') or '?'}), {cpu.get('torch_threads', '?')} threads "
+        f"of {cpu.get('cores', '?')} cores, bf16 units: {units}"
     )
+
+
+def software_versions(device: torch.device | None = None) -> dict[str, str]:
+    """The versions a figure depends on: Python, torch, transformers, NumPy and Determined (as
+    installed), the kernel; on a GPU also CUDA (torch's build) and the driver."""
+    from importlib import metadata
+
+    import transformers
+
+    try:
+        determined = metadata.version("determined")
+    except metadata.PackageNotFoundError:
+        determined = "not installed"
+    versions = {
+        "python": platform.python_version(), "torch": torch.__version__,
+        "transformers": transformers.__version__, "numpy": np.__version__, "determined": determined,
+        "system": f"{platform.system()} {platform.release()}",
+    }  # fmt: skip
+    if device is not None and device.type == "cuda":
+        versions.update(cuda=str(torch.version.cuda), driver=driver_version())
+    return versions
+
+
+def driver_version() -> str:
+    """The NVIDIA driver's version (nvidia-smi), or "?" where it cannot be asked."""
+    import subprocess
+
+    try:
+        done = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=20,
+        )  # fmt: skip
+        return done.stdout.strip().splitlines()[0] if done.stdout.strip() else "?"
+    except (OSError, subprocess.SubprocessError):
+        return "?"
 
 
 def provenance(module: str, argv: list[str], device: torch.device | None = None) -> dict[str, Any]:
@@ -231,18 +267,14 @@ def provenance(module: str, argv: list[str], device: torch.device | None = None)
     commit = os.environ.get("BENCH_COMMIT") or git("rev-parse", "HEAD") or "unknown"
     if "BENCH_COMMIT" not in os.environ and git("status", "--porcelain", "--untracked-files=no"):
         commit += "+changes"
-    import transformers
-
     return {
         "command": " ".join(["python3 -m", module, *argv]),
         "commit": commit,
         "date": time.strftime("%Y-%m-%d"),
         "machine": machine_text(device),
         "cpu": cpu_description(),
-        "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                     "transformers": transformers.__version__, "numpy": np.__version__,
-                     "system": f"{platform.system()} {platform.release()}"},
-    }  # fmt: skip
+        "versions": software_versions(device),
+    }
 
 
 def sync(device: torch.device) -> None:

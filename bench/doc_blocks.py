@@ -551,6 +551,13 @@ def exponent_text(value: float) -> str:
     return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
 
 
+@block("asha-rungs")
+def asha_rungs(config: str) -> str:
+    """The batches each rung of each ASHA bracket needs, as the dry run plans them."""
+    brackets = planned(config, ())["asha_brackets"]
+    return " and ".join("**" + ", ".join(f"{n:,}" for n in rungs) + "**" for rungs in brackets)
+
+
 @block("lr-rule")
 def lr_rule(learning_rate: str, reference_batch: str, samples_per_step: str, rule: str) -> str:
     """The learning rate the trial's rule (run_plan.resolved_learning_rate) gives a rate set at

@@ -10,7 +10,11 @@ sentence. `--check` fails when:
   page was not rewritten), or a block's name is unknown;
 - a measured-looking number stands outside every block (a decimal, or a number with a unit of
   time, size, speed or ratio); what is not a measurement is in NOT_FIGURES, each with its reason;
-- a results file does not name its command, commit, date and machine (bench.results_files);
+- a results file does not name its command, commit, date, true machine and versions
+  (bench.results_files);
+- prose outside every block states a verdict, names a machine a results file names, compares
+  speeds in a paragraph that neither holds nor follows a block, or types a number the dry run
+  derives from a shipped YAML (VERDICT, machine_words, COMPARISON, derived_numbers);
 - a study's report kept in the docs (docs/*/report.md) is not the table of the report.json beside
   it, or that JSON does not name its provenance;
 - a plot a page shows does not name, in its PNG metadata, the results file beside it that it was
@@ -69,6 +73,21 @@ NOT_FIGURES = (
 )
 # Each must start a number of its own: "3.1x" is not the scale "1x", "17 h" not the write-up's "7 h".
 EXEMPT = re.compile("|".join(rf"(?<![\d.,])(?:{pattern})" for _, pattern in NOT_FIGURES))
+
+# Words a block renders from its numbers and prose may not state on its own: a verdict on a
+# measurement (doc_blocks.verdict's words, a study's PASS/FAIL) and a comparison of speeds. A
+# comparison may stand in a paragraph that holds the block it reads from.
+VERDICT = re.compile(
+    r"no difference shown|\b(?:PASS|FAIL)\b|\b(?:above|below) zero\b"
+    r"|\b(?:passes|fails|within|outside) (?:the )?(?:±[\d.]+ )?(?:rule|bound)\b"
+)
+COMPARISON = re.compile(r"\b(?:faster|slower|several times|(?:an )?orders? of magnitude)\b")
+# Named beside a figure and not a measurement's machine, each with its reason.
+NOT_MACHINES = (
+    ("a card's specification: its dense bf16 peak", r"H100 SXM"),
+    ("the cards CUDA 12 supports", r"T4, V100, A10, A100, L4, H100"),
+)
+EXEMPT_MACHINES = re.compile("|".join(pattern for _, pattern in NOT_MACHINES))
 
 
 def pages() -> list[Path]:
@@ -189,8 +208,67 @@ def free_figures(text: str) -> list[tuple[int, str]]:
     return [(words.count("\n", 0, m.start()) + 1, m.group().strip()) for m in FIGURE.finditer(flat)]
 
 
+def machine_words() -> set[str]:
+    """The model word of every machine a results file names (EPYC, Xeon, H100, ...): a page names
+    the machine of a figure only inside the figure's block."""
+    words = set()
+    for path in sorted((ROOT / "bench" / "results").glob("*.json")):
+        for machine in re.findall(r'"machine": "([^"]+)"', reading.read_text(path, reading.RECORD)):
+            for part in machine.split("; "):
+                label = results_files.machine_label(part)
+                model = re.sub(r"^(?:AMD|Intel|NVIDIA)\s+", "", label).split(" ")[0]
+                if model:
+                    words.add(model)
+    return words
+
+
+def derived_numbers() -> dict[str, str]:
+    """What the dry run derives from each shipped YAML and a page may give only from a dry-run
+    block: resolved learning rates, optimizer steps, warm-up steps and samples per step."""
+    numbers = {}
+    for config in sorted(p.name for p in ROOT.glob("*.yaml")):
+        plan = doc_blocks.planned(config, ())
+        for field in ("optimizer_steps", "warmup_steps", "samples_per_optimizer_step"):
+            value = plan.get(field)
+            if isinstance(value, int) and value >= 100:
+                # samples per step only as such: 384 samples, not 384 tokens
+                after = r"(?= samples)" if field == "samples_per_optimizer_step" else ""
+                numbers[rf"(?:{value:,}|{value}){after}"] = f"{config} {field}"
+        if isinstance(plan.get("learning_rate"), float) and plan["learning_rate"] != plan.get(
+            "reference_learning_rate"
+        ):
+            numbers[re.escape(doc_blocks.exponent_text(plan["learning_rate"]))] = f"{config} learning_rate"
+    return numbers
+
+
+def free_claims(text: str, machines: set[str], derived: dict[str, str]) -> list[tuple[int, str]]:
+    """Verdicts, machine names, unbacked comparisons and derived numbers outside blocks."""
+    words = prose(text)
+    verdict = "is a verdict outside a generated block"
+    found = [(m.start(), f"{m.group()!r} {verdict}") for m in VERDICT.finditer(words)]
+    flat = EXEMPT_MACHINES.sub(lambda m: " " * len(m.group()), words)
+    if machines:
+        pattern = rf"\b(?:{'|'.join(map(re.escape, sorted(machines)))})\b"
+        found += [
+            (m.start(), f"{m.group()!r} names a figure's machine outside its block")
+            for m in re.finditer(pattern, flat)
+        ]
+    # A paragraph that holds a block, or follows one, reads from it.
+    spans = [(m.start(), m.end(), "generated" in m.group()) for m in re.finditer(r"(?:.+\n?)+", text)]
+    backed = [(a, b) for i, (a, b, has) in enumerate(spans) if has or (i and spans[i - 1][2])]
+    for m in COMPARISON.finditer(words):
+        if not any(a <= m.start() < b for a, b in backed):
+            found.append((m.start(), f"{m.group()!r} compares without a block in its paragraph"))
+    for pattern, source in derived.items():
+        for m in re.finditer(rf"(?<![\w.,/-])(?:{pattern})(?![\w/]|[.,]\d)", words):
+            what = f"is derived by the dry run ({source}): use a dry-run block"
+            found.append((m.start(), f"{m.group()!r} {what}"))
+    return sorted((words.count("\n", 0, at) + 1, what) for at, what in found)
+
+
 def problems() -> list[str]:
     found = []
+    machines, derived = machine_words(), derived_numbers()
     for path in sorted((ROOT / "bench" / "results").glob("*.json")):
         found += [f"bench/results/{path.name}: {p}" for p in results_files.file_problems(path)]
     for page in [*pages(), *reports()]:
@@ -225,6 +303,7 @@ def problems() -> list[str]:
             f"{shown}:{line}: {figure!r} is a figure outside a generated block"
             for line, figure in free_figures(text)
         ]
+        found += [f"{shown}:{line}: {what}" for line, what in free_claims(text, machines, derived)]
     return found
 
 

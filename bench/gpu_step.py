@@ -284,25 +284,12 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(rows[-1]), flush=True)
     result = {**provenance("bench.gpu_step", sys.argv[1:] if argv is None else argv, torch.device("cuda"))}
     result.update(model=args.model, rows=rows, table=table(rows))
-    result["driver"] = driver_version()
+    result["driver"] = result["versions"]["driver"]
     print(result["table"])
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=1))
     return 0
-
-
-def driver_version() -> str:
-    import subprocess
-
-    try:
-        done = subprocess.run(
-            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=20,
-        )  # fmt: skip
-        return done.stdout.strip() or "?"
-    except (OSError, subprocess.SubprocessError):
-        return "?"
 
 
 if __name__ == "__main__":

@@ -1,8 +1,10 @@
 """The results files in bench/results/ as the docs read them: values with their provenance.
 
-Every JSON file there names the command that wrote it, the commit it ran at, the date and the
-machine -- a CPU's model or a GPU's name -- either at its top level or on each of its rows (a
-file that gathers runs of several machines). `Results` hands out a file's values together with
+Every JSON file there names the command that wrote it, the commit it ran at, the date, the
+machine -- a CPU's model with the threads used and the host's cores, or a GPU's name with its
+host's cores -- and the software versions (Python, torch, transformers, NumPy, Determined; CUDA
+and the driver on a GPU), either at its top level or on each of its rows (a file that gathers
+runs of several machines). `Results` hands out a file's values together with
 the short machine label and date that a rendered row carries, so a row is always labelled with
 the machine of the file its figures came from. A file whose machine names no CPU model or GPU is
 refused as a whole: a figure without its machine cannot be compared with anything.
@@ -21,6 +23,8 @@ from extractive_qa.files import ROOT
 
 RESULTS = ROOT / "bench" / "results"
 PROVENANCE = ("command", "commit", "date", "machine")
+VERSIONS = ("python", "torch", "transformers", "numpy", "determined")  # bench.common.software_versions
+GPU_VERSIONS = ("cuda", "driver")
 # A machine is named by its maker and model: a CPU's model name or a GPU's.
 MAKERS = re.compile(r"\b(AMD|Intel|NVIDIA|Apple|Ampere|AWS Graviton|Arm)\b")
 
@@ -56,13 +60,37 @@ def machine_label(machine: str) -> str:
 
 
 def provenance_problems(record: dict[str, Any]) -> list[str]:
-    """What a provenance record lacks; empty when it names all four and a machine's model."""
+    """What a provenance record lacks; empty when it names all four, a machine's model, the
+    threads used and the host's cores, and the versions (bench.common.software_versions)."""
     missing = [k for k in PROVENANCE if not str(record.get(k) or "").strip()]
     problems = [f"no {k}" for k in missing]
     machine = str(record.get("machine") or "")
     if machine and not MAKERS.search(machine):
         problems.append(f"machine {machine!r} names no CPU model or GPU")
+    return problems + machine_problems(record, machine) + version_problems(record, machine)
+
+
+def machine_problems(record: dict[str, Any], machine: str) -> list[str]:
+    """A machine is true when it says how much of the host the figure used: a GPU's host cores,
+    or a CPU's threads and the host's cores (a 2-thread figure on a 16-core host is not a 2-core
+    machine's)."""
+    problems = []
+    for part in machine.split("; "):
+        if "NVIDIA" in part:
+            if not re.search(r"\(\d+ CPU cores\)", part):
+                problems.append(f"machine {part!r} does not name its host's CPU cores")
+        elif part and not re.search(r"\d+ threads of \d+ cores", part):
+            problems.append(f"machine {part!r} does not name the threads used and the host's cores")
     return problems
+
+
+def version_problems(record: dict[str, Any], machine: str) -> list[str]:
+    versions = record.get("versions")
+    if not isinstance(versions, dict):
+        return ["no versions"]
+    needed = VERSIONS + (GPU_VERSIONS if "NVIDIA" in machine else ())
+    missing = [k for k in needed if not str(versions.get(k) or "").strip()]
+    return [f"versions without {', '.join(missing)}"] if missing else []
 
 
 def path_of(name: str) -> Path:

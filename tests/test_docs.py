@@ -291,3 +291,59 @@ def test_random_quoted_results_values_moved_fail_the_check(
     # Quoted: a block read the value and shows it in a printed form. A value read and shown only
     # by coincidence (a per-seed F1 equal to another arm's mean) may not move its block.
     assert len(missed) <= 0.05 * len(chosen), missed
+
+
+def plant(page: Path, old: str, new: str) -> None:
+    text = page.read_text()
+    assert old in text, old
+    page.write_text(text.replace(old, new, 1))
+
+
+def test_prose_beside_a_block_cannot_swap_its_machine_or_verdict(tree: Path) -> None:
+    """The sentence around a block may not name the figure's machine or state its verdict on its
+    own: a swapped machine, within<->outside, a flipped PASS and an unbacked comparison are named."""
+    readme, results = tree / "README.md", tree / "docs" / "results.md"
+    before = set(docs.problems())
+    plant(readme, "on 2 cores it\nprinted", "on 2 cores of an Intel Xeon it\nprinted")
+    plant(readme, "Over seeds 42-46,", "Within the ±1.5 rule over seeds 42-46,")
+    plant(results, "What this says:", "Outside the rule, FAIL. What this says:")
+    plant(tree / "docs" / "scaling.md", "## Where aggregation starts to cost F1",
+          "Buckets run several times slower.\n\n## Where aggregation starts to cost F1")  # fmt: skip
+    named = set(docs.problems()) - before
+    for expected in (
+        "'Xeon' names a figure's machine", "'Within the ±1.5 rule' is a verdict",
+        "'Outside the rule' is a verdict", "'FAIL' is a verdict",
+        "'several times' compares without a block", "'slower' compares without a block",
+    ):  # fmt: skip
+        assert any(expected in p for p in named), (expected, sorted(named))
+
+
+def test_a_flipped_verdict_or_a_moved_derived_number_is_named(tree: Path) -> None:
+    """A verdict edited inside its block, and a number the dry run derives typed outside a block
+    or edited inside one, fail the check."""
+    readme, cluster = tree / "README.md", tree / "docs" / "cluster.md"
+    plant(readme, "no difference shown; passes the ±1.5 rule", "above zero; fails the ±1.5 rule")
+    steps = doc_blocks.planned("multi_machine.yaml", ())["optimizer_steps"]
+    spec = "dry-run multi_machine.yaml optimizer_steps"
+    plant(cluster, f"<!-- generated: {spec} -->{steps:,}<!-- /generated --> or more",
+          f"{steps:,} or more")  # fmt: skip
+    plant(readme, f"<!-- generated: {spec} -->{steps:,}<!-- /generated -->",
+          f"<!-- generated: {spec} -->{steps + 1:,}<!-- /generated -->")  # fmt: skip
+    found = docs.problems()
+    assert any("README.md" in p and "block 'paired cpu-precision-amx-fast-masks.json" in p for p in found)
+    derived = f"'{steps:,}' is derived by the dry run"
+    assert any(p.startswith("docs/cluster.md") and derived in p for p in found)
+    assert any("README.md" in p and f"block '{spec}' differs" in p for p in found)
+
+
+def test_a_results_file_without_versions_or_its_hosts_cores_is_named(tree: Path) -> None:
+    name = "first-command-fp32-epyc.json"
+    path = tree / "bench" / "results" / name
+    data = json.loads(path.read_text())
+    row = data["rows"][0]
+    del row["versions"]["determined"]
+    row["machine"] = re.sub(r" of \d+ cores", "", row["machine"])
+    path.write_text(json.dumps(data))
+    named = [p for p in docs.problems() if p.startswith(f"bench/results/{name}")]
+    assert any("versions without determined" in p for p in named), named
+    assert any("does not name the threads used and the host's cores" in p for p in named), named
