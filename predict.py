@@ -94,7 +94,9 @@ def check_writes(args: argparse.Namespace) -> None:
         check_output_file(args.out.resolve(), "--out")
     written = {"--out": args.out} if args.out else {}
     if args.out_dir:  # a new directory, or one holding only what predict.py writes there
-        check_new_directory(args.out_dir.resolve(), "--out-dir", outputs.OUTPUT_FILES)
+        check_new_directory(
+            args.out_dir.resolve(), "--out-dir", outputs.OUTPUT_FILES, marker=outputs.OUTPUT_RECORD
+        )
         written |= {f"--out-dir ({name})": args.out_dir / name for name in outputs.OUTPUT_FILES}
     read = {"--squad": Path(args.squad) if args.squad else None, "--checkpoint": Path(args.checkpoint)}
     check_outputs(written, read)

@@ -101,20 +101,15 @@ def checkpoint_holding(target: Path) -> Path | None:
     return None
 
 
-def check_new_directory(
-    path: Path, flag: str, own_files: tuple[str, ...] = (), marker: str | None = None
-) -> None:
+def check_new_directory(path: Path, flag: str, own_files: tuple[str, ...], *, marker: str) -> None:
     """Before any work: `path` is a directory to create, an empty one, or one an earlier run of
-    the command filled, holding nothing but `own_files`. Where the command names a `marker` (a
-    file it writes into every directory it fills), only a directory holding it is one it filled,
-    so a file of one of its names that a user put there is never replaced."""
+    the command filled, holding nothing but `own_files`. Every command that fills a directory
+    writes its `marker` there first, and only a directory holding it is one the command filled:
+    a file of one of its names that a user put anywhere else is never replaced."""
     check_output_dir(path, flag)
     if not path.is_dir():
         return
-    if marker is None:  # the command's own file names are its own wherever they lie
-        own = set(own_files)
-    else:
-        own = {*own_files, marker} if (path / marker).is_file() else set()
+    own = {*own_files, marker} if (path / marker).is_file() else set()
     foreign = sorted(p.name for p in path.iterdir() if p.name not in own)
     if foreign:
         listed = ", ".join(foreign[:3]) + (" ..." if len(foreign) > 3 else "")

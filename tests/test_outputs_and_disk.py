@@ -9,6 +9,7 @@ the work and the writes after it are the two halves of one promise.
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import threading
@@ -456,3 +457,26 @@ def test_an_output_onto_a_device_or_a_pipe_writes_through_and_a_replaced_file_ke
     code, _, err = run_main(["data.py", "--convert", dev_v1, "--out", str(kept)])
     assert code == 0 and stat.S_IMODE(kept.stat().st_mode) == 0o600, err
     assert received == [kept.read_bytes()] and received[0].count(b"\n") > 100
+
+
+def test_predict_out_dir_replaces_only_what_it_wrote_there(trained, tmp_path: Path) -> None:
+    """A directory holding a user's predictions.json (named like predict.py's output, not written
+    by it) was filled over; now only a directory predict.py marked (predict.json) is its own."""
+    squad = json.loads((ROOT / "squad_data" / "dev-v1.1-excerpt.json").read_text())
+    paragraph = squad["data"][0]["paragraphs"][0]
+    paragraph["qas"] = paragraph["qas"][:2]
+    squad["data"] = [{**squad["data"][0], "paragraphs": [paragraph]}]
+    dev = tmp_path / "two-questions.json"
+    dev.write_text(json.dumps(squad))
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "predictions.json").write_text('{"mine": "keep"}')
+    asked = ["predict.py", "--checkpoint", str(trained[0]), "--squad", str(dev)]
+    code, _, err = run_main([*asked, "--out-dir", str(theirs)])
+    assert code == 2 and "predictions.json" in err, err
+    assert (theirs / "predictions.json").read_text() == '{"mine": "keep"}'
+    ours = tmp_path / "ours"
+    for _ in range(2):  # an earlier run's directory is its own to fill again
+        code, _, err = run_main([*asked, "--out-dir", str(ours)])
+        assert code == 0, err
+    assert json.loads((ours / "predict.json").read_text())["written_by"] == "predict.py"
