@@ -93,13 +93,14 @@ def check_writes(args: argparse.Namespace) -> None:
     if args.out:
         check_output_file(args.out.resolve(), "--out")
     written = {"--out": args.out} if args.out else {}
-    if args.out_dir:  # a new directory, or one holding only what predict.py writes there
+    if args.out_dir:
+        written |= {f"--out-dir ({name})": args.out_dir / name for name in outputs.OUTPUT_FILES}
+    read = {"--squad": Path(args.squad) if args.squad else None, "--checkpoint": Path(args.checkpoint)}
+    check_outputs(written, read)  # an input named as an output is said as such, first
+    if args.out_dir:  # a new directory, or one predict.py filled (its record is there)
         check_new_directory(
             args.out_dir.resolve(), "--out-dir", outputs.OUTPUT_FILES, marker=outputs.OUTPUT_RECORD
         )
-        written |= {f"--out-dir ({name})": args.out_dir / name for name in outputs.OUTPUT_FILES}
-    read = {"--squad": Path(args.squad) if args.squad else None, "--checkpoint": Path(args.checkpoint)}
-    check_outputs(written, read)
 
 
 def answer_one(predictor: Predictor, question: str, context: str) -> dict[str, Any]:

@@ -78,8 +78,8 @@ EXEMPT = re.compile("|".join(rf"(?<![\d.,])(?:{pattern})" for _, pattern in NOT_
 # measurement (doc_blocks.verdict's words, a study's PASS/FAIL) and a comparison of speeds. A
 # comparison may stand in a paragraph that holds the block it reads from.
 VERDICT = re.compile(
-    r"no difference shown|\b(?:PASS|FAIL)\b|\b(?:above|below) zero\b"
-    r"|\b(?:passes|fails|within|outside) (?:the )?(?:±[\d.]+ )?(?:rule|bound)\b"
+    r"(?i:no difference shown)|\b(?:PASS|FAIL)\b|\b(?i:above|below) zero\b"
+    r"|\b(?i:passes|fails|within|outside) (?:the )?(?:±[\d.]+ )?(?:rule|bound)\b"
 )
 COMPARISON = re.compile(r"\b(?:faster|slower|several times|(?:an )?orders? of magnitude)\b")
 # Named beside a figure and not a measurement's machine, each with its reason.
@@ -226,7 +226,7 @@ def derived_numbers() -> dict[str, str]:
     """What the dry run derives from each shipped YAML and a page may give only from a dry-run
     block: resolved learning rates, optimizer steps, warm-up steps and samples per step."""
     numbers = {}
-    for config in sorted(p.name for p in ROOT.glob("*.yaml")):
+    for config in sorted(p.name for p in doc_blocks.ROOT.glob("*.yaml")):  # the YAMLs planned() reads
         plan = doc_blocks.planned(config, ())
         for field in ("optimizer_steps", "warmup_steps", "samples_per_optimizer_step"):
             value = plan.get(field)
