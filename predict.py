@@ -128,6 +128,9 @@ def answer_file(
         result["predictions"] = str(args.out)
     if args.out_dir:
         nbest = predictor.settings.nbest(squad.examples, features, start_logits, end_logits)
+        args.out_dir.mkdir(parents=True, exist_ok=True)
+        record = {"written_by": "predict.py", "checkpoint": str(args.checkpoint), "squad": str(args.squad)}
+        write_text_atomic(args.out_dir / outputs.OUTPUT_RECORD, json.dumps(record))  # first: the dir is ours
         result |= outputs.write_outputs(args.out_dir, squad.examples, answers, nbest)
     return result
 

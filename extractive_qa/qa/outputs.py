@@ -21,7 +21,7 @@ PREDICTIONS = "predictions.json"
 NULL_ODDS = "null_odds.json"
 NBEST = "nbest_predictions.json"
 OUTPUT_FILES = (PREDICTIONS, NULL_ODDS, NBEST)
-# Written first into every --out-dir: the mark of a directory predict.py filled (output_rules).
+# predict.py writes it first into every --out-dir: the mark of a directory it filled (output_rules).
 OUTPUT_RECORD = "predict.json"
 # A question whose windows hold no valid span always answers "": its null odds are the largest
 # float JSON can carry portably (Infinity is not JSON).
@@ -114,8 +114,6 @@ def write_outputs(
         NULL_ODDS: null_odds(examples, answers),
         **({NBEST: nbest} if nbest is not None else {}),
     }
-    record = {"written_by": "predict.py", "files": sorted(files), "questions": len(examples)}
-    write_text_atomic(out_dir / OUTPUT_RECORD, json.dumps(record))
     for name, content in files.items():
         write_text_atomic(out_dir / name, json.dumps(content, ensure_ascii=False))
     return {name: str(out_dir / name) for name in files}
