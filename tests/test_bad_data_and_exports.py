@@ -335,5 +335,5 @@ def test_a_nan_logit_difference_fails_the_export_check() -> None:
     batch = {"attention_mask": np.ones((1, 4), dtype=np.int64)}
     fine = (np.zeros((1, 4), dtype=np.float32), np.zeros((1, 4), dtype=np.float32))
     broken = (np.full((1, 4), np.nan, dtype=np.float32), np.zeros((1, 4), dtype=np.float32))
-    assert onnx_model.max_logit_difference([batch], lambda b: fine, lambda b: fine) == 0.0
-    assert onnx_model.max_logit_difference([batch], lambda b: fine, lambda b: broken) == float("inf")
+    assert onnx_model.max_logit_difference([batch], [fine], lambda b: fine) == 0.0
+    assert onnx_model.max_logit_difference([batch], [fine], lambda b: broken) == float("inf")

@@ -60,7 +60,8 @@ def test_export_matches_pytorch_and_answers_alike(family: str, tmp_path: Path) -
     batches = list(reference.batches(reference.features(examples)))
     assert len({tuple(b["input_ids"].shape) for b in batches}) > 1
     onnx = onnx_model.OnnxLogits(out / "model.onnx")
-    assert onnx_model.max_logit_difference(batches, reference.forward, onnx) <= onnx_model.FP32_TOLERANCE
+    expected = [reference.forward(batch) for batch in batches]
+    assert onnx_model.max_logit_difference(batches, expected, onnx) <= onnx_model.FP32_TOLERANCE
     torch_scores, onnx_scores = _scores(checkpoint, "torch", tmp_path), _scores(out, "onnx", tmp_path)
     # A logit difference of 1e-7..1e-5 can flip a near-tie between two spans, and these models'
     # random-init weights make many (DeBERTa-v2: 12 of 810 answers here): at most 3 % of the
@@ -72,7 +73,9 @@ def test_export_matches_pytorch_and_answers_alike(family: str, tmp_path: Path) -
     # (the dev excerpt's first 64 questions), recomputed here; its F1 on a trained model: docs/results.md.
     check = reference.features(squad_files.load_squad(DEV_V1, training=False).examples[:64])
     int8 = onnx_model.OnnxLogits(out / "model-int8.onnx")
-    recomputed = onnx_model.max_logit_difference(list(reference.batches(check)), reference.forward, int8)
+    check_batches = list(reference.batches(check))
+    expected = [reference.forward(batch) for batch in check_batches]
+    recomputed = onnx_model.max_logit_difference(check_batches, expected, int8)
     assert result["int8_max_abs_logit_difference"] == pytest.approx(recomputed, rel=1e-6, abs=1e-9)
 
 

@@ -14,7 +14,7 @@ import contextlib
 import io
 import logging
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -181,15 +181,17 @@ class OnnxLogits:
 
 
 def max_logit_difference(
-    batches: Iterable[dict[str, Any]], reference: Callable[[dict[str, Any]], Logits], candidate: OnnxLogits
+    batches: Sequence[dict[str, Any]],
+    expected: Sequence[Logits],
+    candidate: Callable[[dict[str, Any]], Logits],
 ) -> float:
-    """The largest absolute start/end logit difference over the attended positions of `batches`
-    (padding positions carry no answer and are never read); infinite where either side gives a
-    NaN or an infinity (max() would keep the last finite value past a NaN, so a check against a
-    tolerance could never fail)."""
+    """The largest absolute start/end logit difference between `candidate`'s logits on `batches`
+    and `expected` (the reference's on the same batches, computed once for every candidate) over
+    the attended positions (padding positions carry no answer and are never read); infinite where
+    either side gives a NaN or an infinity (max() would keep the last finite value past a NaN, so
+    a check against a tolerance could never fail)."""
     worst = 0.0
-    for batch in batches:
-        ref_start, ref_end = reference(batch)
+    for batch, (ref_start, ref_end) in zip(batches, expected, strict=True):
         start, end = candidate(batch)
         attended = np.asarray(batch["attention_mask"], dtype=bool)
         for a, b in ((ref_start, start), (ref_end, end)):
