@@ -116,8 +116,6 @@ def validation_loader(features: Features, batch_size: int, multiple: int, num_wo
 
 @cli.boundary
 def main(argv: Sequence[str] | None = None) -> int:
-    if cli.refuse_undecodable(argv):
-        return 2
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 2)[2],
         formatter_class=argparse.RawDescriptionHelpFormatter,

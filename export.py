@@ -28,8 +28,6 @@ from extractive_qa.serve.export_dir import export
 
 @cli.boundary
 def main(argv: Sequence[str] | None = None) -> int:
-    if cli.refuse_undecodable(argv):
-        return 2
     cli.hide_library_progress_bars()
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],

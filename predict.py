@@ -137,8 +137,6 @@ def answer_file(
 
 @cli.boundary
 def main(argv: Sequence[str] | None = None) -> int:
-    if cli.refuse_undecodable(argv):
-        return 2
     cli.hide_library_progress_bars()
     args = parse_args(argv)
     if args.single:

@@ -162,8 +162,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 @cli.boundary
 def main(argv: Sequence[str] | None = None) -> int:
-    if cli.refuse_undecodable(argv):
-        return 2
     args = parse_args(argv)
     if args.command in ("launch", "report") and not args.master and not getattr(args, "dry_run", False):
         raise ScalingError("--master URL (or DET_MASTER) is required for launch and report.")

@@ -215,8 +215,6 @@ def final_result(trial: model_def.SquadTrial) -> dict[str, Any]:
 
 @cli.boundary
 def main(argv: Sequence[str] | None = None) -> int:
-    if cli.refuse_undecodable(argv):
-        return 2
     args = parse_args(argv)
     if args.settings:  # a refusal or a closed pipe (`| head`): cli.boundary
         print("\n".join(settings_table(args.config, args.overrides)))

@@ -54,7 +54,7 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-def refuse_undecodable(argv: Sequence[str] | None) -> bool:
+def _refuse_undecodable(argv: Sequence[str] | None) -> bool:
     """Whether an argument (of `argv`, default sys.argv's) is not valid UTF-8 -- Python keeps such
     bytes as lone surrogates -- in which case the error line naming it is printed."""
     for position, arg in enumerate(sys.argv[1:] if argv is None else argv, start=1):
@@ -84,7 +84,9 @@ Main = Callable[..., Any]  # an entry script's main: its exit status (None: 0)
 
 
 def boundary(main: Main) -> Main:
-    """The one boundary of an entry script's main: what escapes it becomes one line on stderr.
+    """The one boundary of an entry script's main: an argument that is not UTF-8 is refused before
+    main runs (main's first argument, its argv, or sys.argv's), and what escapes main becomes one
+    line on stderr.
 
     - a refused input (ConfigError, DataError, ScalingError, each naming its file or field): that
       message, exit 2;
@@ -98,6 +100,9 @@ def boundary(main: Main) -> Main:
 
     @functools.wraps(main)
     def bounded(*args: Any, **kwargs: Any) -> Any:
+        argv = args[0] if args else kwargs.get("argv")
+        if _refuse_undecodable(argv if isinstance(argv, (list, tuple)) else None):
+            return 2
         try:
             return main(*args, **kwargs)
         except (ConfigError, DataError, ScalingError, TrainingDiverged) as err:

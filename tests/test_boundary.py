@@ -173,3 +173,18 @@ def test_anything_else_is_an_internal_error_in_one_line(monkeypatch: pytest.Monk
     monkeypatch.setenv(cli.TRACEBACK_VARIABLE, "1")
     assert broken() == cli.INTERNAL
     assert "Traceback" in capsys.readouterr().err
+
+
+def test_an_argument_that_is_not_utf8_is_refused_by_the_boundary_of_every_command(capsys) -> None:
+    """The boundary refuses an argument Python kept as a lone surrogate (a byte that is not UTF-8)
+    before main runs, so a command that never checked its argv -- squad_metric's, a benchmark's
+    -- names it too, and none passes it on to a tokenizer or a JSON writer."""
+    import importlib
+
+    bad = b"caf\xe9".decode("utf-8", "surrogateescape")
+    for name in ("train", "predict", "export", "data", "scaling", "extractive_qa.qa.squad_metric",
+                 "bench.docs"):  # fmt: skip
+        main = importlib.import_module(name).main
+        assert main(["--question", bad]) == 2, name
+        err = capsys.readouterr().err
+        assert err.startswith("error: argument 2 (caf\\udce9) is not valid UTF-8 text"), (name, err)
