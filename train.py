@@ -17,9 +17,9 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from extractive_qa import buckets, cli, compat, det_internals  # cli first: a Ctrl-C while the rest loads
+from extractive_qa import buckets, cli, det_internals  # cli first: a Ctrl-C while the rest loads
 from extractive_qa.config import run_plan
 from extractive_qa.config.experiment import RunOptions, run_source, settings_table
 from extractive_qa.dry_run import dry_run
@@ -28,9 +28,6 @@ from extractive_qa.launch import cluster_run, interruption
 from extractive_qa.launch.process import local_world_size
 from extractive_qa.resume import restore as resume
 from extractive_qa.trial import optimization
-
-if TYPE_CHECKING:
-    import model_def
 
 START_DIR = Path.cwd()  # where the user typed the command (a local run then works in ROOT)
 
@@ -165,8 +162,6 @@ def train_run(
     args: RunOptions, trial_class: type | None, cleanup: contextlib.ExitStack
 ) -> dict[str, Any] | None:
     det_internals.check_version()
-    from determined import pytorch
-
     import model_def
 
     # On a cluster the master hands the config over; locally it is the command line's.
@@ -175,42 +170,7 @@ def train_run(
     # What a checkpoint to resume must fit: built here (the trial's stage) and handed down as data.
     expected = optimization.expected_state(plan) if cluster_run.resumes(args, source) else None
     driver = cluster_run.driver_for(args, source, plan, expected, cleanup)
-    if plan.length.unit == "batches":  # epochs: once the trial counts them (before_fit)
-        already = driver.finished(plan.length.value)  # a restarted job's result, when it had finished
-        if already is not None:
-            return already if driver.rank == 0 else None
-    compat.allow_determined_checkpoints()
-    with (
-        det_internals.collective_timeout(plan.collective_timeout_s),
-        det_internals.local_gpus_torch_sees(source.on_cluster),
-        pytorch.init(**plan.init_kwargs(source.exp_conf), distributed=driver.distributed) as context,
-    ):
-        driver.restore(context, cleanup)  # a checkpoint to continue, before model and data
-        trial = (trial_class or model_def.SquadTrial)(context)
-        trial.add_extras(driver.extras(trial, context))
-        already = driver.before_fit(trial, context)
-        if already is not None:
-            return already if context.distributed.rank == 0 else None
-        driver.fit(pytorch.Trainer(trial, context), trial, context)
-        if context.distributed.rank != 0:
-            return None
-        driver.report(context.distributed.size)
-        return final_result(trial)
-
-
-def final_result(trial: model_def.SquadTrial) -> dict[str, Any]:
-    """The last stdout line: final validation metrics, checkpoint, steps, loss, throughput."""
-    from extractive_qa.trial import perf_metrics
-
-    log = trial.run_log
-    return {
-        **{k: float(v) for k, v in log.validation.items() if k not in ("batches", "epochs")},
-        "checkpoint": log.checkpoint,
-        "steps_completed": log.steps_completed,
-        "last_train_loss": log.last_train_loss,
-        "stopped_by_searcher": log.stopped_by_searcher,
-        **perf_metrics.run_rates(trial.perf),
-    }
+    return driver.run(trial_class or model_def.SquadTrial)
 
 
 @cli.boundary

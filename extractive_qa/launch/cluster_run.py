@@ -1,20 +1,20 @@
 """A trial on a Determined cluster, driven by the master. The master does what a local run does
 itself (metrics, checkpoints, retention, preemption, progress in the WebUI); what remains is
-restoring its latest checkpoint through the resume guard, and fitting from that copy. The steps
-it has nothing to do in are RunDriver's defaults (launch.driver)."""
+restoring its latest checkpoint through the resume guard, and fitting from that copy."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+from typing import Any
 
-from determined import core, pytorch
+from determined import pytorch
 
 from extractive_qa import det_internals
 from extractive_qa.config import run_plan
 from extractive_qa.config.experiment import RunOptions, Source
 from extractive_qa.launch import local_run
-from extractive_qa.launch.driver import BuiltTrial, ResumePoint, RunDriver
+from extractive_qa.launch.driver import ResumePoint, RunDriver, TrialBuilder, final_result, trial_context
 from extractive_qa.resume.restore import restore_on_cluster
 from extractive_qa.resume.rewrite import ExpectedState
 
@@ -24,22 +24,29 @@ class ClusterRun(RunDriver):
     source: Source  # from the master
     plan: run_plan.RunPlan
     expected: ExpectedState | None  # what the master's latest checkpoint must fit (None: there is none)
-    distributed: core.DistributedContext | None = None  # det.pytorch.init makes Determined's own
+    cleanup: contextlib.ExitStack  # what the run leaves behind: the restored checkpoint's private copy
     resume_point: ResumePoint = ResumePoint()
 
-    def restore(self, context: pytorch.PyTorchTrialContext, cleanup: contextlib.ExitStack) -> None:
+    def run(self, build: TrialBuilder) -> dict[str, Any] | None:
+        """Restore, build, fit; the master does the rest (det.pytorch.init makes the process
+        group itself: no distributed context is handed in)."""
+        with trial_context(self.plan, self.source, None) as context:
+            self.restore(context)  # a checkpoint to continue, before model and data
+            trial = build(context)
+            trainer = pytorch.Trainer(trial, context)
+            with det_internals.restore_where_it_lies():  # the private copy, on any checkpoint_storage
+                trainer.fit(**self.plan.fit_kwargs(self.resume_point.storage_id, True))
+            return final_result(trial) if context.distributed.rank == 0 else None
+
+    def restore(self, context: pytorch.PyTorchTrialContext) -> None:
         """The master's latest checkpoint (shared_fs or a bucket), before model and data: rewritten
         per machine by the resume guard, and that copy is what Determined restores (Determined
         reads the steps from the copy's metadata.json)."""
         if self.source.checkpoint_path is not None and self.expected is not None:
             at = self.source.checkpoint_path
             self.resume_point = ResumePoint(
-                restore_on_cluster(context.distributed, at, self.expected, cleanup)
+                restore_on_cluster(context.distributed, at, self.expected, self.cleanup)
             )
-
-    def fit(self, trainer: pytorch.Trainer, trial: BuiltTrial, context: pytorch.PyTorchTrialContext) -> None:
-        with det_internals.restore_where_it_lies():  # the private copy, on any checkpoint_storage
-            trainer.fit(**self.plan.fit_kwargs(self.resume_point.storage_id, True))
 
 
 def driver_for(
@@ -53,7 +60,7 @@ def driver_for(
     prepared: its process group joined and the checkpoint it resumes rewritten). `expected` is
     what a checkpoint to resume must fit; None where the run resumes none."""
     if source.on_cluster:
-        return ClusterRun(source, plan, expected)
+        return ClusterRun(source, plan, expected, cleanup)
     return local_run.prepare(options, source, plan, expected, cleanup)
 
 

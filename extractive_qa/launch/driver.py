@@ -1,27 +1,33 @@
-"""The one interface train.py drives a run through: a trial the master drives (cluster_run) or a
+"""The one interface train.py runs a trial through: a trial the master drives (cluster_run) or a
 run without a master (local_run).
 
-train.py tells one story for both -- is it already finished, restore, build the trial, give it
-its extras, check before fit, fit, report -- and each driver does its own part of each step.
-Where a driver has nothing to do in a step it inherits the step as `RunDriver` defines it here:
-the defaults below are the one place that says "nothing here". A driver owns where its run
-resumes (`ResumePoint`); nothing is written into the config's `Source` to be read back.
+A driver has one method, `run`: it opens Determined's context, builds the trial there, fits it and
+returns the final metrics. Each driver tells its own story in it -- a cluster trial restores the
+master's latest checkpoint and fits; a local run also shows progress, keeps its checkpoints and
+stops at a batch boundary on Ctrl-C -- so no driver carries a step it has nothing to do in. What
+both share is here: Determined's context (`trial_context`) and the result line (`final_result`).
+A driver owns where its run resumes (`ResumePoint`); nothing is written into the config's
+`Source` to be read back.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
-from extractive_qa.trial.callbacks import TrialExtras
+from extractive_qa import compat, det_internals
 
 if TYPE_CHECKING:
     import torch
     from determined import core, pytorch
 
+    from extractive_qa.config.experiment import Source
+    from extractive_qa.config.run_plan import RunPlan
     from extractive_qa.data.squad_files import SquadSet
-    from extractive_qa.trial.callbacks import RankRandomState, RunLog
+    from extractive_qa.trial.callbacks import RankRandomState, RunLog, TrialExtras
+    from extractive_qa.trial.perf_metrics import TrainingThroughput
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,38 +46,51 @@ class BuiltTrial(Protocol):
     rank_random_state: RankRandomState
     train_set: SquadSet
     model: torch.nn.Module
+    perf: TrainingThroughput
 
     def batches_per_epoch(self) -> int: ...
 
+    def add_extras(self, extras: TrialExtras) -> None: ...
+
+
+# The trial's class (or a benchmark's subclass of it): built inside Determined's context.
+TrialBuilder = Callable[["pytorch.PyTorchTrialContext"], BuiltTrial]
+
 
 class RunDriver(Protocol):
-    """A run's driver; both drivers subclass this to inherit the steps they have nothing to do in."""
+    """A run's driver. `run` builds the trial with `build` inside Determined's context, fits it
+    and returns the final metrics on rank 0 (None on the other ranks)."""
 
-    distributed: core.DistributedContext | None  # given to det.pytorch.init (None: it makes its own)
-    resume_point: ResumePoint
+    def run(self, build: TrialBuilder) -> dict[str, Any] | None: ...
 
-    @property
-    def rank(self) -> int:
-        return self.distributed.rank if self.distributed is not None else 0
 
-    def finished(self, total: int) -> dict[str, Any] | None:
-        """The result of a run with nothing left to train of `total` batches; None: train."""
-        return None
+@contextlib.contextmanager
+def trial_context(
+    plan: RunPlan, source: Source, distributed: core.DistributedContext | None
+) -> Iterator[pytorch.PyTorchTrialContext]:
+    """det.pytorch.init as both drivers open it: the collective timeout the plan sets, the GPUs
+    this process may see on a cluster, and `distributed` (None: Determined makes its own)."""
+    from determined import pytorch
 
-    def restore(self, context: pytorch.PyTorchTrialContext, cleanup: contextlib.ExitStack) -> None:
-        """Inside Determined's context, before model and data: what the run resumes from."""
+    compat.allow_determined_checkpoints()
+    with (
+        det_internals.collective_timeout(plan.collective_timeout_s),
+        det_internals.local_gpus_torch_sees(source.on_cluster),
+        pytorch.init(**plan.init_kwargs(source.exp_conf), distributed=distributed) as context,
+    ):
+        yield context
 
-    def extras(self, trial: BuiltTrial, context: pytorch.PyTorchTrialContext) -> TrialExtras:
-        """What the built trial gets besides its own callbacks."""
-        return TrialExtras()
 
-    def before_fit(self, trial: BuiltTrial, context: pytorch.PyTorchTrialContext) -> dict[str, Any] | None:
-        """Checks once the trial is built; a result: the run had already finished."""
-        return None
+def final_result(trial: BuiltTrial) -> dict[str, Any]:
+    """The last stdout line: final validation metrics, checkpoint, steps, loss, throughput."""
+    from extractive_qa.trial import perf_metrics
 
-    def fit(self, trainer: pytorch.Trainer, trial: BuiltTrial, context: pytorch.PyTorchTrialContext) -> None:
-        """Trainer.fit from `resume_point`."""
-        raise NotImplementedError
-
-    def report(self, slots: int) -> None:
-        """After fit, on rank 0: what the run writes besides its checkpoints."""
+    log = trial.run_log
+    return {
+        **{k: float(v) for k, v in log.validation.items() if k not in ("batches", "epochs")},
+        "checkpoint": log.checkpoint,
+        "steps_completed": log.steps_completed,
+        "last_train_loss": log.last_train_loss,
+        "stopped_by_searcher": log.stopped_by_searcher,
+        **perf_metrics.run_rates(trial.perf),
+    }

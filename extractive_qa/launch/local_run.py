@@ -31,7 +31,14 @@ from extractive_qa.config import run_plan
 from extractive_qa.config.experiment import RunOptions, Source
 from extractive_qa.files import ROOT, write_text_atomic
 from extractive_qa.launch import interruption, progress
-from extractive_qa.launch.driver import BuiltTrial, ResumePoint, RunDriver
+from extractive_qa.launch.driver import (
+    BuiltTrial,
+    ResumePoint,
+    RunDriver,
+    TrialBuilder,
+    final_result,
+    trial_context,
+)
 from extractive_qa.launch.process import join_process_group, seed_everything
 from extractive_qa.launch.storage import (
     check_free_space,
@@ -73,6 +80,29 @@ class LocalRun(RunDriver):
     @property
     def storage(self) -> Path:
         return self.args.checkpoint_dir / "determined"  # Determined's local storage follows XDG
+
+    @property
+    def rank(self) -> int:
+        return self.distributed.rank if self.distributed is not None else 0
+
+    def run(self, build: TrialBuilder) -> dict[str, Any] | None:
+        """A run prepared (`prepare`): its result if the resumed checkpoint already reached the
+        length; else the trial built, given its extras, checked, fitted and reported."""
+        if self.plan.length.unit == "batches":  # epochs: once the trial counts them (before_fit)
+            already = self.finished(self.plan.length.value)  # --resume of a finished run
+            if already is not None:
+                return already if self.rank == 0 else None
+        with trial_context(self.plan, self.source, self.distributed) as context:
+            trial = build(context)
+            trial.add_extras(self.extras(trial, context))
+            already = self.before_fit(trial, context)
+            if already is not None:
+                return already if context.distributed.rank == 0 else None
+            self.fit(pytorch.Trainer(trial, context), trial, context)
+            if context.distributed.rank != 0:
+                return None
+            self.report(context.distributed.size)
+            return final_result(trial)
 
     # ----------------------------------------------------------------------------------------
     # Before the trial: where the run writes, the process group, the checkpoint to resume.
