@@ -85,19 +85,21 @@ def test_one_slot_trains_validates_checkpoints_and_profiles_like_a_cluster(
 @pytest.mark.cluster_stack
 @needs_containers
 def test_local_yaml_runs_on_the_cluster_from_the_upload(tmp_path: Path) -> None:
-    """local.yaml as the master hands it (only its length cut to 2 batches): the context brings
-    the bundled data, the startup hook finds (or installs) the embedded model, the trial trains and
-    validates on the 810 bundled questions, in the precision `auto` picks for this CPU."""
+    """local.yaml as the master hands it (only its length cut to 2 batches and its validation to
+    the first 100 of the bundled questions): the context brings the bundled data, the startup hook
+    finds (or installs) the embedded model, the trial trains and validates, in the precision
+    `auto` picks for this CPU. (All 810 questions get windows: tests/test_data.py.)"""
     conf = experiment.load_yaml(ROOT / "local.yaml")
     hp = experiment.local_hparams(conf)
     hp["train_length"] = {"batches": 2}
     conf["min_validation_period"] = {"batches": 2}
+    conf["data"]["max_eval_examples"] = 100  # 810 take MiniLM's fp32 a minute on an AVX2-only CPU
     cluster, record = trial_run(tmp_path, conf, hp)
     assert record.exit_codes == [0], record.failures()
     assert "startup-hook: ok" in record.logs[0]
     val = cluster.master.validations()[-1]
     assert val["steps_completed"] == 2 and 0 <= val["metrics"]["exact_match"] <= val["metrics"]["f1"] <= 100
-    assert val["metrics"]["eval_windows"] >= 810  # every bundled question has a window
+    assert val["metrics"]["eval_windows"] >= 100  # each question it validated has a window
     # precision: auto, settled in the container for its CPU and saved with the checkpoint
     picked, why = mixed_precision.resolve_precision("auto", "cpu")
     ckpt = cluster.storage / cluster.master.checkpoints[-1].uuid

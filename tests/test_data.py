@@ -96,6 +96,15 @@ def test_long_question_long_context_and_non_ascii(tokenizer) -> None:
     assert context[f.offsets[row, s, 0] : f.offsets[row, e, 1]] == "Ödön"
 
 
+def test_every_question_of_the_first_commands_validation_has_a_window(tokenizer) -> None:
+    """local.yaml's validation, as the first command runs it (the bundled dev excerpt, the
+    embedded model's tokenizer, 256 / 128 / 64): each of its 810 questions gets a window, so each
+    is scored. (The cluster test of local.yaml validates its first questions only.)"""
+    examples = squad_files.load_squad(DEV_V1, training=False).examples
+    f = build_features(examples, tokenizer, WindowSpec(256, 128, 64), labels=False, offsets=True)
+    assert len(examples) == 810 and set(f.example_index.tolist()) == set(range(810))
+
+
 def test_window_spec_rejects_a_stride_longer_than_the_window() -> None:
     with pytest.raises(DataError, match="doc_stride"):
         WindowSpec(100, 60, 64).check()
