@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
 import re
 import shlex
 import sys
@@ -151,13 +152,19 @@ def test_ref_problem(ref: str) -> str | None:
     path = ROOT / file
     if not path.is_file():
         return f"{file} does not exist"
-    scope: list[ast.stmt] = ast.parse(reading.read_text(path, reading.MODEL_FILE)).body
+    scope: list[ast.stmt] = _parsed(reading.read_text(path, reading.MODEL_FILE))
     for name in names:
         found = [n for n in scope if isinstance(n, ast.FunctionDef | ast.ClassDef) and n.name == name]
         if not found:
             return f"{file} defines no {name}"
         scope = found[0].body
     return None
+
+
+@functools.lru_cache(maxsize=64)
+def _parsed(source: str) -> list[ast.stmt]:
+    """A test file's statements, parsed once per content (a check names each file many times)."""
+    return ast.parse(source).body
 
 
 def render(spec: str) -> str:
