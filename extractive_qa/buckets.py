@@ -387,24 +387,32 @@ def downloaded(
         shutil.rmtree(target, ignore_errors=True)
 
 
-def cached_checkpoint(url: str, what: str) -> Path:
+def cached_checkpoint(url: str, what: str, part: str | None = None) -> Path:
     """The checkpoint at `url`, downloaded once into this user's private directory
     (private_root()/checkpoints/) and reused by later calls: listed and checked, fetched into a
-    new directory beside its place, and renamed into place only whole."""
+    new directory beside its place, and renamed into place only whole. `part` (a folder, "hf"):
+    only that folder and metadata.json -- what serving reads, without the optimizer state that
+    makes up most of a checkpoint; a whole copy downloaded before serves too."""
     loc = parse_url(url, what)
     cache = private_root() / "checkpoints"
     cache.mkdir(mode=0o700, exist_ok=True)
     digest = hashlib.sha256(loc.url.encode()).hexdigest()[:12]
-    target = cache / f"{loc.scheme}-{digest}-{loc.prefix.rsplit('/', 1)[-1]}"
-    if target.is_dir():
-        print(f"{what} {url}: the copy downloaded before, {target}", file=sys.stderr)
-        return target
+    whole = cache / f"{loc.scheme}-{digest}-{loc.prefix.rsplit('/', 1)[-1]}"
+    target = whole if part is None else whole.with_name(f"{whole.name}-{part}")
+    for copy in (whole, target):
+        if copy.is_dir():
+            print(f"{what} {url}: the copy downloaded before, {copy}", file=sys.stderr)
+            return copy
     entries = list_checkpoint(loc, what)
     if "metadata.json" not in {e.name for e in entries}:
         raise DataError(
             f"{what} {url}: not a checkpoint (no metadata.json, which Determined writes into every "
             "checkpoint); give the prefix of one checkpoint, …/UUID."
         )
+    if part is not None:
+        entries = [e for e in entries if e.name == "metadata.json" or e.name.startswith(f"{part}/")]
+        if len(entries) == 1:
+            raise DataError(f"{what} {url}: the checkpoint holds no {part}/; give one that train.py wrote.")
     staging = Path(tempfile.mkdtemp(dir=cache, prefix=f".{target.name}."))
     try:
         fetched = download(loc, entries, staging / "ckpt", what)

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from extractive_qa import buckets, reading
+from extractive_qa.errors import DataError
 from tests.support import object_stores
 from tests.support.project import DEV_V1, completed, run_train, trained_config
 
@@ -74,6 +75,26 @@ def test_a_checkpoint_goes_up_and_comes_back_whole_once(trained, store, private:
     assert copy.parent == private / "checkpoints" and (private / "checkpoints").stat().st_mode & 0o077 == 0
     store.delete(f"{object_stores.PREFIX}/whole/")
     assert buckets.cached_checkpoint(url, "--checkpoint") == copy  # from the copy: the bucket is empty
+
+
+def test_serving_fetches_only_hf_and_a_resume_the_whole_checkpoint(trained, store, private: Path) -> None:
+    """predict.py and export.py read hf/ alone: from a bucket they fetch it and metadata.json,
+    byte for byte, and not the optimizer state (most of a checkpoint's bytes); a resume fetches
+    the whole checkpoint, and serving then reuses that copy."""
+    ckpt, _ = trained
+    url = uploaded(store, ckpt, "served-part")
+    part = buckets.cached_checkpoint(url, "--checkpoint", part="hf")
+    wanted = {k: v for k, v in tree(ckpt).items() if k == "metadata.json" or k.startswith("hf")}
+    assert tree(part) == wanted and not (part / "state_dict.pth").exists()
+    assert buckets.cached_checkpoint(url, "--checkpoint", part="hf") == part  # reused
+    whole = buckets.cached_checkpoint(url, "--resume")
+    assert whole != part and tree(whole) == tree(ckpt)
+    other = uploaded(store, ckpt, "resumed-first")
+    first = buckets.cached_checkpoint(other, "--resume")
+    assert buckets.cached_checkpoint(other, "--checkpoint", part="hf") == first
+    store.put(f"{object_stores.PREFIX}/no-hf/metadata.json", b"{}")
+    with pytest.raises(DataError, match="the checkpoint holds no hf/; give one that train.py wrote"):
+        buckets.cached_checkpoint(store.url("no-hf"), "--checkpoint", part="hf")
 
 
 def test_predict_and_resume_take_a_bucket_url(trained, store, private: Path, tmp_path: Path) -> None:

@@ -28,7 +28,7 @@ def find_hf_dir(checkpoint: str) -> Path:
     """The hf/ export inside a checkpoint (downloading a UUID through the Determined SDK, an
     s3:// or gs:// URL from its bucket)."""
     if buckets.is_url(checkpoint):
-        return _hf_dir_of(buckets.cached_checkpoint(checkpoint, "--checkpoint"), checkpoint)
+        return _hf_dir_of(buckets.cached_checkpoint(checkpoint, "--checkpoint", part="hf"), checkpoint)
     path = Path(checkpoint)
     if not path.exists() and UUID.match(checkpoint):
         path = download_checkpoint(checkpoint)
