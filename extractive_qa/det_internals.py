@@ -277,6 +277,21 @@ def no_sync_unless_stepping(model: Any, batch_idx: int, aggregation_frequency: i
     return ddp.no_sync()
 
 
+def tensorboard_into(context: Any, directory: Path) -> None:
+    """A local run's TensorBoard event files go to `directory` instead of torch's default, `runs/`
+    under the working directory -- the project, where they piled up one folder per run. Locally
+    det.pytorch.init calls core.init without a tensorboard_path (pytorch/_trainer.py:367), so
+    core's DummyTrainContext holds None (core/_context.py:211, core/_train.py:306) and the trial
+    context's writer is SummaryWriter(None) (pytorch/_pytorch_context.py:1024). The train
+    context's `_tbd_directory` is what get_tensorboard_path returns (core/_train.py:342); set
+    before the chief's first report opens the writer. On a cluster the master's TensorBoard
+    storage is used and nothing here runs."""
+    train = context._core.train
+    if not hasattr(train, "_tbd_directory"):
+        raise VersionError(f"Determined's train context has no _tbd_directory (written for {WRITTEN_FOR})")
+    train._tbd_directory = directory
+
+
 def restore_id(path: Path) -> str:
     """The storage id under which Determined restores a checkpoint directory outside its storage
     root: the absolute path. Its shared_fs storage manager (local runs and shared_fs clusters)

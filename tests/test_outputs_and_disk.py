@@ -36,6 +36,15 @@ def test_a_checkpoint_dir_inside_the_upload_is_refused_before_training(tmp_path:
         shutil.rmtree(inside, ignore_errors=True)
 
 
+def test_tensorboard_files_go_beside_the_checkpoints_not_into_the_project(trained) -> None:
+    """A local run's TensorBoard event files land under --checkpoint-dir/tensorboard/, one folder
+    per run; torch's default (`runs/` under the working directory, the project) filled the
+    project with a folder per run."""
+    checkpoint, _ = trained
+    runs = list((checkpoint.parents[1] / "tensorboard").iterdir())
+    assert len(runs) == 1 and list(runs[0].glob("events.out.tfevents.*")), runs
+
+
 def test_outputs_that_cannot_be_written_are_refused_before_training(tmp_path: Path) -> None:
 
     code, _, err = run_train(

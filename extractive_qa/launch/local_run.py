@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import shutil
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -93,6 +94,9 @@ class LocalRun(RunDriver):
             if already is not None:
                 return already if self.rank == 0 else None
         with trial_context(self.plan, self.source, self.distributed) as context:
+            # TensorBoard's event files beside the checkpoints, a folder per run as torch names them
+            run_name = f"{time.strftime('%b%d_%H-%M-%S')}_{socket.gethostname()}"
+            det_internals.tensorboard_into(context, self.args.checkpoint_dir / "tensorboard" / run_name)
             trial = build(context)
             trial.add_extras(self.extras(trial, context))
             already = self.before_fit(trial, context)
