@@ -1,7 +1,8 @@
-"""What a pretrained model can run with, read from its config alone (no weights): its question-
-answering class, the attention implementations that class supports, whether it supports gradient
-checkpointing. `attn_implementation: auto` becomes the fastest supported one (SDPA, else eager);
-an explicit one the model lacks is refused before any download of weights or training."""
+"""What a pretrained model can run with, read from its config alone (no weights): how many tokens
+a window may hold, its question-answering class, the attention implementations that class
+supports, whether it supports gradient checkpointing. `attn_implementation: auto` becomes the
+fastest supported one (SDPA, else eager); an explicit one the model lacks is refused before any
+download of weights or training."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from extractive_qa import model_files
+from extractive_qa import model_files, reading
 from extractive_qa.errors import ConfigError, DataError
 
 # Preference order for `auto`: PyTorch's fused SDPA kernels where the model has them.
@@ -30,6 +31,28 @@ def pretrained_config(name: str, local_only: bool) -> Any:
     from transformers import AutoConfig
 
     return AutoConfig.from_pretrained(source, local_files_only=local_only)
+
+
+def model_position_limit(pretrained: str) -> int | None:
+    """How many tokens a window of this model may hold (its absolute positions), from its
+    config.json alone -- no weights are read. None where unknown (no config here, or relative
+    positions only)."""
+    path = Path(str(resolve_pretrained(pretrained)))
+    config = path / "config.json"
+    if not config.is_file():
+        return None  # a hub name not downloaded yet: checked when the model loads
+    try:
+        raw = reading.read_json_object(config, reading.MODEL_FILE)
+    except reading.UnreadableFile as err:
+        raise ConfigError(f"data.pretrained_model: {err}") from None
+    if raw.get("position_biased_input") is False:  # DeBERTa-v2/v3: relative positions only
+        return None
+    limit = raw.get("max_position_embeddings")
+    if not isinstance(limit, int) or limit <= 0:
+        return None
+    if raw.get("model_type") in ("roberta", "xlm-roberta", "camembert", "longformer", "bart"):
+        limit -= int(raw.get("pad_token_id") or 1) + 1  # positions start after the padding index
+    return limit
 
 
 def qa_class(config: Any, pretrained: str) -> type:

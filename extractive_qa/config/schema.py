@@ -10,11 +10,9 @@ The key lists mirror Determined 0.38.1's experiment-config schemas
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any
 
-from extractive_qa import reading
-from extractive_qa.config.model_family import resolve_pretrained
+from extractive_qa.config.model_family import model_position_limit
 from extractive_qa.errors import ConfigError
 
 # experiment.json's properties: a master refuses any other top-level key.
@@ -264,28 +262,6 @@ def _check_hparam(where: str, spec: Any) -> None:
             raise ConfigError(f"{where}: needs numbers minval <= maxval, got minval={low!r} maxval={high!r}.")
         if kind == "log" and not isinstance(spec.get("base"), (int, float)):
             raise ConfigError(f"{where}: a log hyperparameter needs a numeric `base`.")
-
-
-def model_position_limit(pretrained: str) -> int | None:
-    """How many tokens a window of this model may hold (its absolute positions), from its
-    config.json alone -- no weights are read. None where unknown (no config here, or relative
-    positions only)."""
-    path = Path(str(resolve_pretrained(pretrained)))
-    config = path / "config.json"
-    if not config.is_file():
-        return None  # a hub name not downloaded yet: checked when the model loads
-    try:
-        raw = reading.read_json_object(config, reading.MODEL_FILE)
-    except reading.UnreadableFile as err:
-        raise ConfigError(f"data.pretrained_model: {err}") from None
-    if raw.get("position_biased_input") is False:  # DeBERTa-v2/v3: relative positions only
-        return None
-    limit = raw.get("max_position_embeddings")
-    if not isinstance(limit, int) or limit <= 0:
-        return None
-    if raw.get("model_type") in ("roberta", "xlm-roberta", "camembert", "longformer", "bart"):
-        limit -= int(raw.get("pad_token_id") or 1) + 1  # positions start after the padding index
-    return limit
 
 
 def check_windows(data: Any) -> None:

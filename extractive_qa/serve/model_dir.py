@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from extractive_qa.config.schema import model_position_limit
+from extractive_qa.config.model_family import model_position_limit
 from extractive_qa.data.features import load_tokenizer, vocabulary_sha256
 from extractive_qa.errors import DataError
 from extractive_qa.qa import qa_settings
