@@ -29,7 +29,6 @@ import hashlib
 import os
 import re
 import shutil
-import sys
 import tempfile
 import warnings
 from collections.abc import Callable, Iterator
@@ -38,7 +37,7 @@ from typing import Any, BinaryIO
 
 from extractive_qa import reading
 from extractive_qa.errors import DataError
-from extractive_qa.private_dir import private_root
+from extractive_qa.private_dir import cached_download, private_root
 
 SCHEMES = {"s3": "s3", "gs": "gcs"}  # URL scheme -> checkpoint_storage type
 MAX_OBJECTS = 10_000  # a checkpoint holds tens of files (code/ included)
@@ -388,38 +387,27 @@ def downloaded(
 
 
 def cached_checkpoint(url: str, what: str, part: str | None = None) -> Path:
-    """The checkpoint at `url`, downloaded once into this user's private directory
-    (private_root()/checkpoints/) and reused by later calls: listed and checked, fetched into a
-    new directory beside its place, and renamed into place only whole. `part` (a folder, "hf"):
-    only that folder and metadata.json -- what serving reads, without the optimizer state that
-    makes up most of a checkpoint; a whole copy downloaded before serves too."""
+    """The checkpoint at `url` in this user's private directory (private_dir.cached_download:
+    fetched once, whole, reused by later calls), listed and checked before any object is fetched.
+    `part` (a folder, "hf"): only that folder and metadata.json -- what serving reads, without the
+    optimizer state that makes up most of a checkpoint; a whole copy downloaded before serves too."""
     loc = parse_url(url, what)
-    cache = private_root() / "checkpoints"
-    cache.mkdir(mode=0o700, exist_ok=True)
     digest = hashlib.sha256(loc.url.encode()).hexdigest()[:12]
-    whole = cache / f"{loc.scheme}-{digest}-{loc.prefix.rsplit('/', 1)[-1]}"
-    target = whole if part is None else whole.with_name(f"{whole.name}-{part}")
-    for copy in (whole, target):
-        if copy.is_dir():
-            print(f"{what} {url}: the copy downloaded before, {copy}", file=sys.stderr)
-            return copy
-    entries = list_checkpoint(loc, what)
-    if "metadata.json" not in {e.name for e in entries}:
-        raise DataError(
-            f"{what} {url}: not a checkpoint (no metadata.json, which Determined writes into every "
-            "checkpoint); give the prefix of one checkpoint, …/UUID."
-        )
-    if part is not None:
-        entries = [e for e in entries if e.name == "metadata.json" or e.name.startswith(f"{part}/")]
-        if len(entries) == 1:
-            raise DataError(f"{what} {url}: the checkpoint holds no {part}/; give one that train.py wrote.")
-    staging = Path(tempfile.mkdtemp(dir=cache, prefix=f".{target.name}."))
-    try:
-        fetched = download(loc, entries, staging / "ckpt", what)
-        with contextlib.suppress(OSError):  # another call's download got there first: same objects
-            os.replace(staging / "ckpt", target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    print(f"{what} {url}: downloaded {fetched / 1e6:,.1f} MB into {target}; later calls reuse it",
-          file=sys.stderr)  # fmt: skip
-    return target
+    whole = f"{loc.scheme}-{digest}-{loc.prefix.rsplit('/', 1)[-1]}"
+
+    def fetch(directory: Path) -> None:
+        entries = list_checkpoint(loc, what)
+        if "metadata.json" not in {e.name for e in entries}:
+            raise DataError(
+                f"{what} {url}: not a checkpoint (no metadata.json, which Determined writes into every "
+                "checkpoint); give the prefix of one checkpoint, …/UUID."
+            )
+        if part is not None:
+            entries = [e for e in entries if e.name == "metadata.json" or e.name.startswith(f"{part}/")]
+            if len(entries) == 1:
+                raise DataError(f"{what} {url}: the checkpoint holds no {part}/; give one train.py wrote.")
+        download(loc, entries, directory, what)
+
+    if part is None:
+        return cached_download(whole, f"{what} {url}", fetch)
+    return cached_download(f"{whole}-{part}", f"{what} {url}", fetch, reuse=(whole,))

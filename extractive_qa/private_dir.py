@@ -1,12 +1,16 @@
 """This user's private directory on this machine: where a resume keeps its checked copy of a
-checkpoint and where a checkpoint downloaded from a master or a bucket is kept. Nobody else can
-rename, replace or plant anything in it."""
+checkpoint and where a checkpoint downloaded from a master or a bucket is kept, each download
+once and whole (`cached_download`). Nobody else can rename, replace or plant anything in it."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import stat
+import sys
 import tempfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from extractive_qa.errors import ConfigError
@@ -40,3 +44,28 @@ def private_root() -> Path:
             "Remove it, or set TMPDIR to a directory only you can write, and resume again."
         )
     return root
+
+
+def cached_download(name: str, shown: str, fetch: Callable[[Path], None], reuse: Sequence[str] = ()) -> Path:
+    """private_root()/checkpoints/`name`, downloaded once and reused by later calls: a copy kept
+    before (under `name` or one of `reuse`, a copy that holds what is asked) is returned as it
+    is; else `fetch(directory)` fills a new directory beside its place, which is renamed into
+    place only whole -- an interrupted, short or refused download is never used, and is removed.
+    `shown` names the source in the line each call prints."""
+    cache = private_root() / "checkpoints"
+    cache.mkdir(mode=0o700, exist_ok=True)
+    for kept in (*reuse, name):
+        if (cache / kept).is_dir():
+            print(f"{shown}: the copy downloaded before, {cache / kept}", file=sys.stderr)
+            return cache / kept
+    target = cache / name
+    staging = Path(tempfile.mkdtemp(dir=cache, prefix=f".{name}."))
+    try:
+        fetch(staging / "download")
+        with contextlib.suppress(OSError):  # another call's download got there first: the same files
+            os.replace(staging / "download", target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    size = sum(f.stat().st_size for f in target.rglob("*") if f.is_file())
+    print(f"{shown}: downloaded {size / 1e6:,.1f} MB into {target}; later calls reuse it", file=sys.stderr)
+    return target

@@ -93,7 +93,7 @@ def test_serving_fetches_only_hf_and_a_resume_the_whole_checkpoint(trained, stor
     first = buckets.cached_checkpoint(other, "--resume")
     assert buckets.cached_checkpoint(other, "--checkpoint", part="hf") == first
     store.put(f"{object_stores.PREFIX}/no-hf/metadata.json", b"{}")
-    with pytest.raises(DataError, match="the checkpoint holds no hf/; give one that train.py wrote"):
+    with pytest.raises(DataError, match="the checkpoint holds no hf/; give one train.py wrote"):
         buckets.cached_checkpoint(store.url("no-hf"), "--checkpoint", part="hf")
 
 

@@ -8,17 +8,15 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import shutil
 import sys
 import tarfile
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from extractive_qa import buckets
 from extractive_qa.errors import DataError
-from extractive_qa.private_dir import private_root
+from extractive_qa.private_dir import cached_download
 from extractive_qa.qa import qa_settings
 
 UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
@@ -69,11 +67,10 @@ def _hf_dir_of(path: Path, checkpoint: str) -> Path:
 
 
 def download_checkpoint(uuid: str) -> Path:
-    """The checkpoint UUID, downloaded once through the Determined SDK into this user's private
-    directory (private_dir.private_root()/checkpoints/UUID) and reused by later calls. A
-    download lands in a new directory beside it, each file the master lists must be there with
-    the size it records, and only then is it renamed into place whole: an interrupted or short
-    download is never used, and is removed."""
+    """The checkpoint UUID through the Determined SDK, in this user's private directory
+    (private_dir.cached_download: fetched once, whole, reused by later calls). Each file the
+    master lists must be there with the size it records, and the checkpoint must be this
+    project's, before the download is kept."""
     from determined.experimental import client
 
     master = os.environ.get("DET_MASTER")
@@ -82,36 +79,25 @@ def download_checkpoint(uuid: str) -> Path:
             f"--checkpoint {uuid}: looks like a Determined checkpoint UUID, but DET_MASTER is not "
             "set; set it (and log in with `det user login`) or pass a directory."
         )
-    cache = private_root() / "checkpoints"
-    cache.mkdir(mode=0o700, exist_ok=True)
-    target = cache / uuid
-    if target.is_dir():
-        print(f"--checkpoint {uuid}: the copy downloaded before, {target}", file=sys.stderr)
-        return target
-    staging = Path(tempfile.mkdtemp(dir=cache, prefix=f".{uuid}."))
-    try:
-        # A Determined object of its own, not client.login(): that may be called once a process.
-        checkpoint = client.Determined(master=master).get_checkpoint(uuid)
-        with _tar_members_stay_inside():
-            checkpoint.download(str(staging / uuid))
-        if problem := _short_of_record(staging / uuid, checkpoint.resources or {}):
+
+    def fetch(directory: Path) -> None:
+        try:
+            # A Determined object of its own, not client.login(): that may be called once a process.
+            checkpoint = client.Determined(master=master).get_checkpoint(uuid)
+            with _tar_members_stay_inside():
+                checkpoint.download(str(directory))
+        except DataError:
+            raise
+        except Exception as err:  # the SDK raises many kinds; all mean "could not fetch"
+            why = f"{err}; {err.__cause__}" if err.__cause__ else str(err)  # a proxied download's reason
+            raise DataError(f"--checkpoint {uuid}: cannot download from {master} ({why}).") from None
+        if problem := _short_of_record(directory, checkpoint.resources or {}):
             raise DataError(
                 f"--checkpoint {uuid}: the download from {master} is incomplete ({problem}); run again."
             )
-        _hf_dir_of(staging / uuid, uuid)  # not this project's: refused now, not kept
-        with contextlib.suppress(OSError):  # another call's download got there first: same files
-            os.replace(staging / uuid, target)
-    except DataError:
-        raise
-    except Exception as err:  # the SDK raises many kinds; all mean "could not fetch"
-        why = f"{err}; {err.__cause__}" if err.__cause__ else str(err)  # a proxied download's reason
-        raise DataError(f"--checkpoint {uuid}: cannot download from {master} ({why}).") from None
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    size = sum(f.stat().st_size for f in target.rglob("*") if f.is_file())
-    print(f"--checkpoint {uuid}: downloaded {size / 1e6:,.0f} MB into {target}; later calls reuse it",
-          file=sys.stderr)  # fmt: skip
-    return target
+        _hf_dir_of(directory, uuid)  # not this project's: refused now, not kept
+
+    return cached_download(uuid, f"--checkpoint {uuid}", fetch)
 
 
 def _short_of_record(directory: Path, resources: dict[str, Any]) -> str | None:
