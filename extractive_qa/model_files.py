@@ -3,10 +3,10 @@ transformers config class (no code from the directory runs), and the safetensors
 bounded by what the config's model can hold, their header checked before a tensor is made.
 
 The plan's look at a model's class, the trial's pretrained encoder, a resume's expected state and
-predict.py's and export.py's hf/ model load a local directory through here, so transformers builds
-models from bytes the reader checked and never opens the directory's files itself
-(tests/test_model_files.py trains, resumes, answers and exports from directories and fails if
-transformers is handed one). A hub name is downloaded and read by transformers.
+predict.py's and export.py's hf/ model (`load_qa_model`) load a local directory through here, so
+transformers builds models from bytes the reader checked and never opens the directory's files
+itself (tests/test_model_files.py trains, resumes, answers and exports from directories and fails
+if transformers is handed one). A hub name is downloaded and read by transformers.
 """
 
 from __future__ import annotations
@@ -226,3 +226,61 @@ def read_weights(directory: Path, model: Any, hint: str) -> dict[str, Any]:
         state.update(tensors)
         left -= size
     return state
+
+
+# --------------------------------------------------------------------------------------------
+# A checkpoint's hf/ QA model: every tensor the model has, and nothing else.
+# --------------------------------------------------------------------------------------------
+#
+# transformers' from_pretrained would start a missing or mistyped tensor at random (a QA head
+# absent from the file answers with noise) and warn at most; a trained model's file is refused
+# instead, before any weights load. (A pretrained encoder, read_weights above, may lack the QA
+# head: the trial starts it and says so.)
+
+AGAIN = "copy the checkpoint again"
+
+
+def expected_tensors(model: Any) -> dict[str, tuple[tuple[int, ...], bool]]:
+    """The model's saved tensors: name -> (shape, floating point)."""
+    return {n: (tuple(t.shape), t.dtype.is_floating_point) for n, t in model.state_dict().items()}
+
+
+def check_header(
+    header: dict[str, Any], expected: dict[str, tuple[tuple[int, ...], bool]], shown: Path
+) -> None:
+    """A safetensors header (safetensors_header) against the model: the names exactly the
+    model's; floats where the model has floats (a QA head stored as int32 would load as garbage),
+    shapes the model's."""
+
+    def fail(what: str) -> reading.UnreadableFile:
+        return reading.UnreadableFile(f"{shown}: cannot load the model: {what}; {AGAIN}.")
+
+    missing, extra = sorted(set(expected) - set(header)), sorted(set(header) - set(expected))
+    if missing:
+        raise fail(f"lacks {len(missing)} of the model's tensors, e.g. {missing[0]}")
+    if extra:
+        raise fail(f"holds {len(extra)} tensor(s) the model has not, e.g. {extra[0][:80]!r}")
+    for name, (shape, floating) in expected.items():
+        entry = header[name]
+        if tuple(entry["shape"]) != shape or (entry["dtype"] in FLOAT_DTYPES) != floating:
+            got = f"{entry['dtype']} {tuple(entry['shape'])}"
+            raise fail(f"tensor {name} is {got}; the model's is {'float' if floating else 'integer'} {shape}")
+
+
+def load_qa_model(hf: Path, **config_kwargs: Any) -> Any:
+    """The QA model of a checkpoint's `hf` directory, from config.json and model.safetensors
+    checked as above, built from the bytes that were checked; `config_kwargs` go to from_config
+    (export.py's attn_implementation)."""
+    import torch
+    from transformers import AutoModelForQuestionAnswering
+
+    config = model_config(hf)
+    with torch.device("meta"):
+        shape_only = AutoModelForQuestionAnswering.from_config(config)
+    expected, path = expected_tensors(shape_only), hf / WEIGHTS
+    state, _ = read_safetensors(
+        path, weights_limit(shape_only, 1), AGAIN, lambda header: check_header(header, expected, path)
+    )
+    model = AutoModelForQuestionAnswering.from_config(config, **config_kwargs)
+    model.load_state_dict(state, strict=True)
+    return model

@@ -306,7 +306,8 @@ def test_null_threshold_tuned_without_a_tuned_threshold_is_refused_before_the_mo
     after the tokenizer and weights load (seconds to a minute)."""
     import shutil
 
-    from extractive_qa.serve import model_dir, model_weights
+    from extractive_qa import model_files
+    from extractive_qa.serve import model_dir
 
     checkpoint, _ = trained
     planted = tmp_path / "v2"
@@ -319,7 +320,7 @@ def test_null_threshold_tuned_without_a_tuned_threshold_is_refused_before_the_mo
         raise AssertionError("the model or tokenizer was loaded before the check")
 
     monkeypatch.setattr(model_dir, "load_tokenizer", loaded)
-    monkeypatch.setattr(model_weights, "load_model", loaded)
+    monkeypatch.setattr(model_files, "load_qa_model", loaded)
     code, out, err = run_main(["predict.py", "--checkpoint", str(planted), "--question", "Who won?",
                                "--context", "Denver won.", "--null-threshold", "tuned"])  # fmt: skip
     assert code == 2 and "holds no tuned threshold" in err and out == "", err

@@ -18,7 +18,7 @@ from extractive_qa.files import ROOT, copy_plain_file, shared_mode
 from extractive_qa.output_rules import check_new_directory, check_outputs
 from extractive_qa.qa import model_card
 from extractive_qa.serve import onnx_model
-from extractive_qa.serve.hf_dir import find_hf_dir
+from extractive_qa.serve.model_dir import find_hf_dir
 from extractive_qa.serve.predictor import Predictor
 
 EXPORT_RECORD = "export.json"

@@ -20,9 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from extractive_qa import reading
+from extractive_qa import model_files, reading
 from extractive_qa.errors import DataError
-from extractive_qa.serve import model_weights
 
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
 OUTPUT_NAMES = ("start_logits", "end_logits")
@@ -80,9 +79,9 @@ def model_to_export(hf: Path) -> Any:
     explicit matrix products (`eager`) where the model has it -- ONNX Runtime runs that graph
     faster than the exporter's decomposition of SDPA (docs/results.md, Inference)."""
     try:
-        model = model_weights.load_model(hf, attn_implementation="eager")
+        model = model_files.load_qa_model(hf, attn_implementation="eager")
     except (ValueError, ImportError):  # a model without the eager implementation
-        model = model_weights.load_model(hf)
+        model = model_files.load_qa_model(hf)
     return model.float().eval()
 
 
