@@ -38,8 +38,8 @@ from extractive_qa.data.squad_files import (
     default_download_dir,
     first_examples,
     load_squad,
-    write_squad,
 )
+from extractive_qa.data.squad_formats import write_squad
 from extractive_qa.errors import ConfigError, DataError
 from extractive_qa.files import command_error
 from extractive_qa.output_rules import check_output_file, check_outputs
@@ -174,7 +174,7 @@ def convert(source: str, out: Path) -> int:
         check_output_file(out.resolve(), "--out")
         check_outputs({"--out": out}, {"--convert": Path(source)})
         squad = load_squad(source, training=False)
-        write_squad(squad, out)
+        write_squad(squad.examples, squad.version, out)
     except (DataError, OSError) as err:
         return command_error(err, out)
     if squad.misplaced:  # converted as they are (an evaluation keeps them); named so they can be fixed

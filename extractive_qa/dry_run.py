@@ -18,7 +18,7 @@ from extractive_qa.config import experiment, run_plan
 from extractive_qa.config.experiment import asha_brackets, from_command_line
 from extractive_qa.config.run_plan import Length, RunPlan, batches_per_epoch, optimizer_steps, total_batches
 from extractive_qa.config.settings import DataSettings, WindowSpec
-from extractive_qa.data.flat_squad import DATASETS_PREFIX
+from extractive_qa.data.squad_formats import DATASETS_PREFIX
 from extractive_qa.errors import ConfigError, DataError
 from extractive_qa.files import ROOT
 from extractive_qa.qa.mixed_precision import local_device, resolve_precision

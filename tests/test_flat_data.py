@@ -12,7 +12,7 @@ import pytest
 
 import data
 from extractive_qa.config.settings import DataSettings, WindowSpec
-from extractive_qa.data import flat_squad, squad_files
+from extractive_qa.data import squad_files, squad_formats
 from extractive_qa.errors import DataError
 from tests.support.project import DEV_V1, DEV_V2, TRAIN_V1, run_train, tiny_config, write_yaml
 
@@ -47,7 +47,7 @@ def test_jsonl_as_datasets_writes_it_and_a_json_array(tmp_path: Path) -> None:
     """What `datasets`' to_json writes (one record per line, answers as two lists) and a JSON
     array of the same records both read as the nested file does; v2.0 from empty answers."""
     squad = squad_files.load_squad(DEV_V2, training=False)
-    records = [flat_squad.flat_record(e) for e in squad.examples]
+    records = [squad_formats.flat_record(e) for e in squad.examples]
     lines = tmp_path / "dev.jsonl"
     lines.write_text("\n".join(json.dumps(r) for r in records) + "\n\n")  # a trailing blank line too
     array = tmp_path / "dev-array.json"
@@ -132,7 +132,7 @@ def test_parquet_is_bounded_by_its_metadata_before_a_column_is_read(tmp_path: Pa
 def test_parquet_rows_share_their_context_string(tmp_path: Path) -> None:
     """A context a dictionary stores once is one Python string for all its rows, not one each."""
     shared = _parquet(tmp_path / "shared.parquet", 50, lambda i: "Denver won. " * 1000, str)
-    records = list(flat_squad.parquet_records(shared, shared.read_bytes()))
+    records = list(squad_formats.parquet_records(shared, shared.read_bytes()))
     assert len({id(r.record["context"]) for r in records}) == 1 and len(records) == 50
 
 
@@ -146,7 +146,7 @@ def test_bad_parquet_named(tmp_path: Path) -> None:
         squad_files.load_squad(missing, training=False)
     cut = tmp_path / "cut.parquet"
     whole = tmp_path / "whole.parquet"
-    flat_squad.write_flat(squad_files.load_squad(DEV_V1, training=False).examples, whole)
+    squad_formats.write_flat(squad_files.load_squad(DEV_V1, training=False).examples, whole)
     cut.write_bytes(whole.read_bytes()[:5000])
     with pytest.raises(DataError, match="cut.parquet: unreadable Parquet"):
         squad_files.load_squad(cut, training=False)
@@ -171,7 +171,7 @@ def test_datasets_sources_offline(tmp_path: Path) -> None:
     datasets = pytest.importorskip("datasets")
 
     squad = squad_files.load_squad(DEV_V1, training=False)
-    flat_squad.write_flat(squad.examples, tmp_path / "files" / "validation.jsonl")
+    squad_formats.write_flat(squad.examples, tmp_path / "files" / "validation.jsonl")
     from_files = squad_files.load_squad(f"datasets:{tmp_path / 'files'}:validation", training=False)
     assert _fields(from_files) == _fields(squad)
     loaded = datasets.load_dataset(

@@ -1,1 +1,1 @@
-"""SQuAD files -> windows -> batches: flat_squad, squad_files, features, feature_cache, batching."""
+"""SQuAD files -> windows -> batches: squad_formats, squad_files, features, feature_cache, batching."""

@@ -5,22 +5,20 @@ what it holds (v1.1 or v2.0 JSON, every answer checked against its context)."""
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from extractive_qa import reading
-from extractive_qa.data import flat_squad
+from extractive_qa.data import squad_formats
 from extractive_qa.errors import DataError
-from extractive_qa.files import file_lock, shared_mode, write_text_atomic
+from extractive_qa.files import file_lock, shared_mode
 
 # --------------------------------------------------------------------------------------------
 # Parsing and validation.
@@ -65,14 +63,14 @@ class SquadSet:
 def load_squad(source: str | os.PathLike, *, training: bool, download_dir: Path | None = None) -> SquadSet:
     """Parse and validate a SQuAD v1.1 / v2.0 file: SQuAD's nested JSON, or the flat `squad`
     schema (JSON Lines, a JSON array, Parquet, or `datasets:NAME_OR_DIR:SPLIT`), told apart by
-    the file's content.
+    the file's content (squad_formats).
 
     Training drops (and reports) questions whose first answer is not where `answer_start` says;
     evaluation keeps every question, as the official scripts do.
     """
-    if str(source).startswith(flat_squad.DATASETS_PREFIX):
-        records, digest = flat_squad.datasets_records(str(source))
-        return _checked(Path(str(source)), _flat_questions(records), digest, training, flat=True)
+    if str(source).startswith(squad_formats.DATASETS_PREFIX):
+        questions, digest = squad_formats.datasets_questions(str(source))
+        return _checked(Path(str(source)), questions, digest, training)
     path = resolve_source(source, download_dir)
     raw = reading.read_bytes(path, reading.DATA)
     digest, pinned = hashlib.sha256(raw).hexdigest(), _pinned_sha256(source)
@@ -80,70 +78,19 @@ def load_squad(source: str | os.PathLike, *, training: bool, download_dir: Path 
         # The digest is checked on the bytes parsed here, not only on the file before reading.
         raise DataError(f"{path}: its contents are not the official {source} (SHA-256 differs); "
                         "delete it to download it again.")  # fmt: skip
-    if raw.startswith(flat_squad.PARQUET_MAGIC):
-        records = flat_squad.parquet_records(path, raw)
-        return _checked(path, _flat_questions(records), digest, training, flat=True)
-    text = _text(path, raw)
-    if flat_squad.is_flat_json(text):
-        records = flat_squad.json_records(path, text)
-        return _checked(path, _flat_questions(records), digest, training, flat=True)
-    doc = _read_json(path, text)
-    if flat_squad.is_flat_record(doc):  # JSON Lines of one line
-        records = [flat_squad.FlatRecord(f"{path}: line 1", doc)]
-        return _checked(path, _flat_questions(records), digest, training, flat=True)
-    if not isinstance(doc, dict) or not isinstance(doc.get("data"), list):
-        raise DataError(
-            f"{path}: no top-level 'data' list; is this a SQuAD file? (Flat records -- one question "
-            "per line with id, title, context, question, answers -- are read as JSON Lines.)"
-        )
-    squad = _checked(path, _nested_questions(path, doc), digest, training, flat=False)
-    if str(doc.get("version", "")).startswith("v2"):
-        squad.version = "2.0"
-    return squad
+    return _checked(path, squad_formats.read_questions(path, raw), digest, training)
 
 
-# (place for messages, article title, context, the question's dict in SQuAD's nested form)
-Question = tuple[str, str, Any, Any]
-
-
-def _nested_questions(path: Path, doc: dict[str, Any]) -> Iterator[Question]:
-    for a, article in enumerate(doc["data"]):
-        title = article.get("title", "?") if isinstance(article, dict) else "?"
-        paragraphs = article.get("paragraphs") if isinstance(article, dict) else None
-        if not isinstance(paragraphs, list):
-            raise DataError(f"{path}: article {a} ({title!r}) has no 'paragraphs' list.")
-        for p, para in enumerate(paragraphs):
-            where = f"{path}: article {a} ({title!r}) paragraph {p}"
-            context = para.get("context") if isinstance(para, dict) else None
-            if not isinstance(context, str) or not context.strip():
-                raise DataError(f"{where}: missing or empty 'context'.")
-            qas = para.get("qas")
-            if not isinstance(qas, list):
-                raise DataError(f"{where}: missing 'qas' list.")
-            for q, qa in enumerate(qas):
-                if not isinstance(qa, dict):
-                    raise DataError(f"{where} question {q}: not an object with 'id', 'question', 'answers'.")
-                _check_id(qa.get("id"), f"{where} question {q}")
-                yield where, title if isinstance(title, str) else "?", context, qa
-
-
-def _flat_questions(records: Iterable[flat_squad.FlatRecord]) -> Iterator[Question]:
-    for item in records:
-        title, context, qa = flat_squad.as_question(item)
-        yield item.place, title, context, qa
-
-
-def _checked(
-    path: Path, questions: Iterable[Question], digest: str, training: bool, *, flat: bool
-) -> SquadSet:
+def _checked(path: Path, questions: squad_formats.Questions, digest: str, training: bool) -> SquadSet:
     """The checks every format shares: ids present and unique, contexts and questions non-empty,
     answers inside their context; v2.0 where a question can have no answer."""
     examples: list[Example] = []
     skipped: list[str] = []
     misplaced: list[str] = []
     seen: set[str] = set()
+    flat = questions.flat
     has_impossible = flat  # flat records mark an unanswerable question by empty answers
-    for where, title, context, qa in questions:
+    for where, title, context, qa in questions.items:
         if not isinstance(context, str) or not context.strip():
             raise DataError(f"{where}: missing or empty 'context'.")
         if len(context) > MAX_CONTEXT_CHARS:
@@ -152,7 +99,7 @@ def _checked(
                 "(SQuAD's longest is about 25,000). Split it into paragraphs of their own."
             )
         qid = qa.get("id") if isinstance(qa, dict) else None
-        _check_id(qid, where)
+        squad_formats.check_id(qid, where)
         if qid in seen:
             raise DataError(f"{where} question id {qid}: duplicate question id; ids must be unique.")
         seen.add(qid)
@@ -167,7 +114,7 @@ def _checked(
         examples.append(example)
     if not examples:
         raise DataError(f"{path}: no questions found.")
-    v2 = any(ex.is_impossible for ex in examples) if flat else has_impossible
+    v2 = any(ex.is_impossible for ex in examples) if flat else has_impossible or questions.declared_v2
     return SquadSet(path, "2.0" if v2 else "1.1", examples, digest, skipped, misplaced=misplaced)
 
 
@@ -183,62 +130,9 @@ def first_examples(squad: SquadSet, limit: int | None) -> SquadSet:
     )
 
 
-def write_squad(squad: SquadSet, out: Path) -> None:
-    """Write `squad` as SQuAD's nested JSON (`.json`), JSON Lines (`.jsonl`) or Parquet
-    (`.parquet`), whole or not at all. Consecutive questions on one context share a paragraph,
-    consecutive paragraphs with one title an article, so a file converted there and back is the
-    same questions in the same order."""
-    if out.suffix in (".jsonl", ".parquet"):
-        flat_squad.write_flat(squad.examples, out)
-        return
-    if out.suffix != ".json":
-        raise DataError(f"{out}: write .json (SQuAD's nested form), .jsonl or .parquet.")
-    articles: list[dict[str, Any]] = []
-    for ex in squad.examples:
-        if not articles or articles[-1]["title"] != ex.title:
-            articles.append({"title": ex.title, "paragraphs": []})
-        paragraphs = articles[-1]["paragraphs"]
-        if not paragraphs or paragraphs[-1]["context"] != ex.context:
-            paragraphs.append({"context": ex.context, "qas": []})
-        qa: dict[str, Any] = {"id": ex.id, "question": ex.question, "answers": ex.answers}
-        if squad.version == "2.0":
-            qa["is_impossible"] = ex.is_impossible
-        paragraphs[-1]["qas"].append(qa)
-    version = "v2.0" if squad.version == "2.0" else "1.1"
-    write_text_atomic(out, json.dumps({"version": version, "data": articles}, ensure_ascii=False))
-
-
-def _text(path: Path, raw: bytes) -> str:
-    """The file as text, with a clear error for empty or non-UTF-8 files."""
-    if not raw.strip():
-        raise DataError(f"{path}: file is empty; expected SQuAD JSON with a 'data' list.")
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise DataError(
-            f"{path}: not UTF-8 (bad byte at offset {err.start}); SQuAD files are UTF-8 JSON."
-        ) from None
-
-
-def _read_json(path: Path, text: str) -> Any:
-    """The file's JSON document (reading.parse_json: unique keys, finite numbers, bounded nesting),
-    with a clear error for truncated or unreadable JSON."""
-    try:
-        return reading.parse_json(text, path, "SQuAD JSON")
-    except reading.UnreadableFile as err:
-        raise DataError(f"{err} SQuAD files are UTF-8 JSON with a 'data' list.") from None
-
-
 # Windows per context grow with its length (and tokenizing it holds every offset): a 100 MB
 # context would take gigabytes before the first window. 40x SQuAD's longest paragraph.
 MAX_CONTEXT_CHARS = 1_000_000
-
-
-def _check_id(qid: Any, where: str) -> None:
-    if qid is None:
-        raise DataError(f"{where}: missing 'id'.")
-    if not isinstance(qid, str) or not qid:
-        raise DataError(f"{where}: 'id' must be a non-empty string, got {qid!r}.")
 
 
 def _question(qa: dict[str, Any], context: str, place: str, v2_file: bool) -> Example:

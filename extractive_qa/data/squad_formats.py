@@ -1,18 +1,22 @@
-"""The flat `squad` schema: one record per question, as Hugging Face `datasets` and most shared QA
-sets store it -- `id, title, context, question, answers{text[], answer_start[]}`, an unanswerable
-(v2.0) question having empty answer lists. Read from JSON Lines, a JSON array, Parquet (with
-`pyarrow`) or a `datasets` name or saved directory (with `datasets`); written as JSON Lines or
-Parquet.
+"""SQuAD's containers, read into questions and written from examples.
 
-This module only turns those containers into plain records with a place for error messages
-(file + line or row); squad_files checks each record exactly as it checks SQuAD's nested JSON.
+Two schemas: SQuAD's nested JSON ({"version", "data": articles -> paragraphs -> qas}) and the
+flat `squad` schema, one record per question, as Hugging Face `datasets` and most shared QA sets
+store it -- `id, title, context, question, answers{text[], answer_start[]}`, an unanswerable
+(v2.0) question having empty answer lists. Flat records are read from JSON Lines, a JSON array,
+Parquet (with `pyarrow`) or a `datasets` name or saved directory (with `datasets`); both schemas
+are written (nested as .json, flat as JSON Lines or Parquet).
+
+`read_questions` tells the container from the bytes themselves and turns it into questions in
+SQuAD's nested form, each with a place for error messages (article and paragraph, or file + line
+or row); squad_files checks every question alike, whatever container it came in.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +37,101 @@ class FlatRecord:
 
     place: str
     record: Any
+
+
+# (place for messages, article title, context, the question's dict in SQuAD's nested form)
+Question = tuple[str, str, Any, Any]
+
+
+@dataclass
+class Questions:
+    """A container's questions, read lazily, and what the container says of its version."""
+
+    items: Iterable[Question]
+    flat: bool  # the flat schema: a question with empty answers is unanswerable (v2.0)
+    declared_v2: bool = False  # a nested file whose "version" says v2
+
+
+def read_questions(path: Path, raw: bytes) -> Questions:
+    """The questions of the file `path` whose bytes are `raw`: Parquet (by its magic), a JSON array
+    or JSON Lines of flat records, or SQuAD's nested JSON document."""
+    if raw.startswith(PARQUET_MAGIC):
+        return Questions(_flat_questions(parquet_records(path, raw)), flat=True)
+    text = _text(path, raw)
+    if is_flat_json(text):
+        return Questions(_flat_questions(json_records(path, text)), flat=True)
+    doc = _read_json(path, text)
+    if is_flat_record(doc):  # JSON Lines of one line
+        return Questions(_flat_questions([FlatRecord(f"{path}: line 1", doc)]), flat=True)
+    if not isinstance(doc, dict) or not isinstance(doc.get("data"), list):
+        raise DataError(
+            f"{path}: no top-level 'data' list; is this a SQuAD file? (Flat records -- one question "
+            "per line with id, title, context, question, answers -- are read as JSON Lines.)"
+        )
+    v2 = str(doc.get("version", "")).startswith("v2")
+    return Questions(_nested_questions(path, doc), flat=False, declared_v2=v2)
+
+
+def datasets_questions(source: str) -> tuple[Questions, str]:
+    """`datasets:NAME_OR_DIR:SPLIT` -> its questions and a digest of their content."""
+    records, digest = datasets_records(source)
+    return Questions(_flat_questions(records), flat=True), digest
+
+
+def _text(path: Path, raw: bytes) -> str:
+    """The file as text, with a clear error for empty or non-UTF-8 files."""
+    if not raw.strip():
+        raise DataError(f"{path}: file is empty; expected SQuAD JSON with a 'data' list.")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise DataError(
+            f"{path}: not UTF-8 (bad byte at offset {err.start}); SQuAD files are UTF-8 JSON."
+        ) from None
+
+
+def _read_json(path: Path, text: str) -> Any:
+    """The file's JSON document (reading.parse_json: unique keys, finite numbers, bounded nesting),
+    with a clear error for truncated or unreadable JSON."""
+    try:
+        return reading.parse_json(text, path, "SQuAD JSON")
+    except reading.UnreadableFile as err:
+        raise DataError(f"{err} SQuAD files are UTF-8 JSON with a 'data' list.") from None
+
+
+def _nested_questions(path: Path, doc: dict[str, Any]) -> Iterator[Question]:
+    for a, article in enumerate(doc["data"]):
+        title = article.get("title", "?") if isinstance(article, dict) else "?"
+        paragraphs = article.get("paragraphs") if isinstance(article, dict) else None
+        if not isinstance(paragraphs, list):
+            raise DataError(f"{path}: article {a} ({title!r}) has no 'paragraphs' list.")
+        for p, para in enumerate(paragraphs):
+            where = f"{path}: article {a} ({title!r}) paragraph {p}"
+            context = para.get("context") if isinstance(para, dict) else None
+            if not isinstance(context, str) or not context.strip():
+                raise DataError(f"{where}: missing or empty 'context'.")
+            qas = para.get("qas")
+            if not isinstance(qas, list):
+                raise DataError(f"{where}: missing 'qas' list.")
+            for q, qa in enumerate(qas):
+                if not isinstance(qa, dict):
+                    raise DataError(f"{where} question {q}: not an object with 'id', 'question', 'answers'.")
+                check_id(qa.get("id"), f"{where} question {q}")
+                yield where, title if isinstance(title, str) else "?", context, qa
+
+
+def check_id(qid: Any, where: str) -> None:
+    """A question's id: present, a non-empty string."""
+    if qid is None:
+        raise DataError(f"{where}: missing 'id'.")
+    if not isinstance(qid, str) or not qid:
+        raise DataError(f"{where}: 'id' must be a non-empty string, got {qid!r}.")
+
+
+def _flat_questions(records: Iterable[FlatRecord]) -> Iterator[Question]:
+    for item in records:
+        title, context, qa = as_question(item)
+        yield item.place, title, context, qa
 
 
 def is_flat_json(text: str) -> bool:
@@ -203,8 +302,33 @@ def as_question(item: FlatRecord) -> tuple[str, str, dict[str, Any]]:
 
 
 # --------------------------------------------------------------------------------------------
-# Writing: JSON Lines or Parquet, atomically.
+# Writing: nested JSON, JSON Lines or Parquet, atomically.
 # --------------------------------------------------------------------------------------------
+
+
+def write_squad(examples: Sequence[Any], version: str, out: Path) -> None:
+    """Write checked examples (squad_files.Example) of a SQuAD `version` ("1.1" or "2.0") as
+    SQuAD's nested JSON (`.json`), JSON Lines (`.jsonl`) or Parquet (`.parquet`), whole or not at
+    all. Consecutive questions on one context share a paragraph, consecutive paragraphs with one
+    title an article, so a file converted there and back is the same questions in the same order."""
+    if out.suffix in (".jsonl", ".parquet"):
+        write_flat(examples, out)
+        return
+    if out.suffix != ".json":
+        raise DataError(f"{out}: write .json (SQuAD's nested form), .jsonl or .parquet.")
+    articles: list[dict[str, Any]] = []
+    for ex in examples:
+        if not articles or articles[-1]["title"] != ex.title:
+            articles.append({"title": ex.title, "paragraphs": []})
+        paragraphs = articles[-1]["paragraphs"]
+        if not paragraphs or paragraphs[-1]["context"] != ex.context:
+            paragraphs.append({"context": ex.context, "qas": []})
+        qa: dict[str, Any] = {"id": ex.id, "question": ex.question, "answers": ex.answers}
+        if version == "2.0":
+            qa["is_impossible"] = ex.is_impossible
+        paragraphs[-1]["qas"].append(qa)
+    nested = {"version": "v2.0" if version == "2.0" else "1.1", "data": articles}
+    write_text_atomic(out, json.dumps(nested, ensure_ascii=False))
 
 
 def flat_record(example: Any) -> dict[str, Any]:
