@@ -4,7 +4,6 @@ once and whole (`cached_download`). Nobody else can rename, replace or plant any
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import stat
@@ -62,8 +61,14 @@ def cached_download(name: str, shown: str, fetch: Callable[[Path], None], reuse:
     staging = Path(tempfile.mkdtemp(dir=cache, prefix=f".{name}."))
     try:
         fetch(staging / "download")
-        with contextlib.suppress(OSError):  # another call's download got there first: the same files
+        try:
             os.replace(staging / "download", target)
+        except OSError as err:
+            if not target.is_dir():  # not another call's download that got there first
+                raise ConfigError(
+                    f"{shown}: cannot keep the download at {target} ({err.strerror or err}); free "
+                    f"{cache} or set TMPDIR to a directory only you can write, and run again."
+                ) from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     size = sum(f.stat().st_size for f in target.rglob("*") if f.is_file())
