@@ -119,15 +119,12 @@ def answer_file(
     if squad.version == "2.0" and predictor.settings.squad_version == "1.1":
         print(f"predict: warning: {args.squad} is SQuAD v2.0, but this checkpoint was trained on v1.1: it "
               "never answers \"\" and unanswerable questions count as wrong.", file=sys.stderr)  # fmt: skip
-    features = predictor.features(squad.examples)
-    start_logits, end_logits = predictor.logits(features)
-    answers = predictor.extract(squad.examples, features, start_logits, end_logits)
+    answers, nbest = predictor.answer_with_nbest(squad.examples, nbest=args.out_dir is not None)
     result: dict[str, Any] = {"questions": len(answers.text), "null_threshold": predictor.null_threshold}
     if args.out:
         write_text_atomic(args.out, json.dumps(answers.text, ensure_ascii=False))
         result["predictions"] = str(args.out)
     if args.out_dir:
-        nbest = predictor.settings.nbest(squad.examples, features, start_logits, end_logits)
         args.out_dir.mkdir(parents=True, exist_ok=True)
         record = {"written_by": "predict.py", "checkpoint": str(args.checkpoint), "squad": str(args.squad)}
         write_text_atomic(args.out_dir / outputs.OUTPUT_RECORD, json.dumps(record))  # first: the dir is ours

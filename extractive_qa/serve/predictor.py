@@ -21,6 +21,7 @@ from extractive_qa.qa.answers import Answers
 from extractive_qa.serve.model_dir import ModelDir
 
 Logits = tuple[np.ndarray, np.ndarray]
+NBest = dict[str, list[dict[str, Any]]]  # id -> its top spans (qa.outputs.nbest_predictions)
 
 
 def torch_device(device: str | None) -> Any:
@@ -128,9 +129,16 @@ class Predictor:
         return assemble_logits(parts, features)
 
     def answer(self, examples: Sequence[squad_files.Example]) -> Answers:
+        return self.answer_with_nbest(examples, nbest=False)[0]
+
+    def answer_with_nbest(
+        self, examples: Sequence[squad_files.Example], nbest: bool = True
+    ) -> tuple[Answers, NBest | None]:
+        """The answers, and (`nbest`) each question's n-best spans from the same logits."""
         features = self.features(examples)
         start, end = self.logits(features)
-        return self.extract(examples, features, start, end)
+        answers = self.extract(examples, features, start, end)
+        return answers, self.settings.nbest(examples, features, start, end) if nbest else None
 
     def features(self, examples: Sequence[squad_files.Example]) -> Features:
         return build_features(examples, self.tokenizer, self.spec, labels=False, offsets=True)
