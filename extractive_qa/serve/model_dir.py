@@ -159,8 +159,9 @@ class ModelDir:
         self.hf = find_hf_dir(checkpoint)
         self.settings = qa_settings.QASettings.load(self.hf)
         self.shown = f"--checkpoint {checkpoint}"
+        self._check_files()
 
-    def check_files(self) -> None:
+    def _check_files(self) -> None:
         """What the runtime reads is there, and the windows fit the model (no large read yet)."""
         hf = self.hf
         if not (hf / "tokenizer.json").is_file():  # without it transformers builds a stand-in

@@ -59,7 +59,6 @@ class Predictor:
         folder = ModelDir(checkpoint, runtime)  # every check of the folder: serve.model_dir
         self.hf, self.runtime, self.settings = folder.hf, runtime, folder.settings
         self.null_threshold_from(null_threshold)  # before any tokenizer or weights load
-        folder.check_files()
         self.tokenizer = folder.tokenizer()
         self.spec = self.settings.window_spec
         self.batch_size = batch_size or self.settings.eval_batch_size
