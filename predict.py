@@ -125,10 +125,8 @@ def answer_file(
         write_text_atomic(args.out, json.dumps(answers.text, ensure_ascii=False))
         result["predictions"] = str(args.out)
     if args.out_dir:
-        args.out_dir.mkdir(parents=True, exist_ok=True)
         record = {"written_by": "predict.py", "checkpoint": str(args.checkpoint), "squad": str(args.squad)}
-        write_text_atomic(args.out_dir / outputs.OUTPUT_RECORD, json.dumps(record))  # first: the dir is ours
-        result |= outputs.write_outputs(args.out_dir, squad.examples, answers, nbest)
+        result |= outputs.write_outputs(args.out_dir, squad.examples, answers, nbest, record)
     return result
 
 

@@ -21,7 +21,8 @@ PREDICTIONS = "predictions.json"
 NULL_ODDS = "null_odds.json"
 NBEST = "nbest_predictions.json"
 OUTPUT_FILES = (PREDICTIONS, NULL_ODDS, NBEST)
-# predict.py writes it first into every --out-dir: the mark of a directory it filled (output_rules).
+# Written first into every predict.py --out-dir (write_outputs' record): the mark of a directory
+# predict.py filled (output_rules).
 OUTPUT_RECORD = "predict.json"
 # A question whose windows hold no valid span always answers "": its null odds are the largest
 # float JSON can carry portably (Infinity is not JSON).
@@ -105,10 +106,15 @@ def write_outputs(
     examples: Sequence[Example],
     answers: Answers,
     nbest: dict[str, list[dict[str, Any]]] | None = None,
+    record: dict[str, str] | None = None,
 ) -> dict[str, str]:
     """predictions.json, null_odds.json and (given) nbest_predictions.json in out_dir, each written
-    atomically; returns their paths by name."""
+    atomically; returns their paths by name. A `record` (predict.py's: what wrote the directory,
+    from what) is written first, as OUTPUT_RECORD: the mark output_rules reads to let a later run
+    fill the same directory again."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    if record is not None:
+        write_text_atomic(out_dir / OUTPUT_RECORD, json.dumps(record))
     files = {
         PREDICTIONS: answers.text,
         NULL_ODDS: null_odds(examples, answers),
