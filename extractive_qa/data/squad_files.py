@@ -21,7 +21,7 @@ from extractive_qa.errors import DataError
 from extractive_qa.files import file_lock, shared_mode
 
 # --------------------------------------------------------------------------------------------
-# Parsing and validation.
+# Checking every question, whatever container it came in (squad_formats reads them).
 # --------------------------------------------------------------------------------------------
 
 
