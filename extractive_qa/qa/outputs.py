@@ -21,6 +21,7 @@ PREDICTIONS = "predictions.json"
 NULL_ODDS = "null_odds.json"
 NBEST = "nbest_predictions.json"
 OUTPUT_FILES = (PREDICTIONS, NULL_ODDS, NBEST)
+NBest = dict[str, list[dict[str, Any]]]  # id -> its top spans, as nbest_predictions.json holds them
 # Written first into every predict.py --out-dir (write_outputs' record): the mark of a directory
 # predict.py filled (output_rules).
 OUTPUT_RECORD = "predict.json"
@@ -44,7 +45,7 @@ def nbest_predictions(
     n_best: int,
     max_answer_length: int,
     version_2: bool,
-) -> dict[str, list[dict[str, Any]]]:
+) -> NBest:
     """Each question's n_best spans, best first, with their softmax probability over those spans
     (v2.0: and the null, listed as text "" at offsets -1): each question's probabilities sum to 1."""
     start_logits = np.asarray(start_logits, dtype=np.float32)
@@ -105,7 +106,7 @@ def write_outputs(
     out_dir: Path,
     examples: Sequence[Example],
     answers: Answers,
-    nbest: dict[str, list[dict[str, Any]]] | None = None,
+    nbest: NBest | None = None,
     record: dict[str, str] | None = None,
 ) -> dict[str, str]:
     """predictions.json, null_odds.json and (given) nbest_predictions.json in out_dir, each written

@@ -90,7 +90,7 @@ class QASettings:
 
     def nbest(
         self, examples: Sequence[squad_files.Example], features: Features, start: np.ndarray, end: np.ndarray
-    ) -> dict[str, list[dict[str, Any]]]:
+    ) -> outputs.NBest:
         """Each question's n-best spans (and the null on v2.0) with probabilities summing to 1."""
         return outputs.nbest_predictions(examples, features, start, end, **self.span_search)
 

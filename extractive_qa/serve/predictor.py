@@ -18,10 +18,10 @@ from extractive_qa.data.features import Features, build_features
 from extractive_qa.errors import DataError
 from extractive_qa.qa import mixed_precision
 from extractive_qa.qa.answers import Answers
+from extractive_qa.qa.outputs import NBest
 from extractive_qa.serve.model_dir import ModelDir
 
 Logits = tuple[np.ndarray, np.ndarray]
-NBest = dict[str, list[dict[str, Any]]]  # id -> its top spans (qa.outputs.nbest_predictions)
 
 
 def torch_device(device: str | None) -> Any:
