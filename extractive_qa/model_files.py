@@ -1,6 +1,7 @@
-"""A model directory on this machine, read through the one reader: config.json built into its
-transformers config class (no code from the directory runs), and the safetensors weights read once,
-bounded by what the config's model can hold, their header checked before a tensor is made.
+"""A model directory on this machine, read through the one reader, each file once: config.json
+built into its transformers config class (no code from the directory runs); each safetensors file
+opened once (`opened_model`), its header read then, and its tensors read later from the same open
+file -- bounded by what the config's model can hold, the header checked before a tensor is made.
 
 The plan's look at a model's class, the trial's pretrained encoder, a resume's expected state and
 predict.py's and export.py's hf/ model (`load_qa_model`) load a local directory through here, so
@@ -11,13 +12,15 @@ if transformers is handed one). A hub name is downloaded and read by transformer
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import math
 import os
 import struct
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from extractive_qa import reading
 
@@ -31,14 +34,57 @@ DTYPES = {"F64": ("float64", 8), "F32": ("float32", 4), "F16": ("float16", 2), "
           "I64": ("int64", 8), "I32": ("int32", 4), "I16": ("int16", 2), "I8": ("int8", 1),
           "U8": ("uint8", 1), "BOOL": ("bool", 1)}  # fmt: skip
 FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
+SAVE_AGAIN = "save the model again with save_pretrained"  # what to do about a pretrained model's files
+
+
+def config_json(directory: Path) -> dict[str, Any]:
+    """directory/config.json as the reader read it (read it once; `opened_model` takes it)."""
+    return reading.read_json_object(directory / CONFIG, reading.MODEL_FILE)
 
 
 def model_config(directory: Path) -> Any:
-    """directory/config.json, read strictly, as its transformers config class."""
+    """directory/config.json, read strictly, as its transformers config class, its layers within
+    what the weights hold (the weights' headers only are read)."""
+    with opened_model(directory, SAVE_AGAIN) as (config, _):
+        return config
+
+
+@dataclasses.dataclass
+class WeightsFile:
+    """One safetensors file open for reading, its header read and parsed (`parse_header`)."""
+
+    path: Path
+    file: BinaryIO  # positioned at the first tensor's bytes
+    size: int  # the whole file's bytes
+    start: int  # where the tensors start: the length prefix and header take the bytes before
+    header: dict[str, Any]
+
+
+@contextlib.contextmanager
+def opened_model(
+    directory: Path, hint: str, raw: dict[str, Any] | None = None
+) -> Iterator[tuple[Any, list[WeightsFile]]]:
+    """A model directory read once: config.json (`raw`, where the caller read it already) as its
+    transformers config class, and each weight file open with its header parsed, held open so
+    that the tensors are read from the file whose header is checked (`read_weights`). A config
+    naming more layers than the weights hold tensors is refused here, before any model of it is
+    built (a model of a million layers takes minutes and gigabytes to build, even on the meta
+    device). Errors about the weights end in `hint` (what to do)."""
+    config = _config_from(directory / CONFIG, config_json(directory) if raw is None else raw)
+    with contextlib.ExitStack() as stack:
+        weights = []
+        for path in weight_files(directory):
+            file = stack.enter_context(reading.open_regular(path, reading.WEIGHTS))
+            head, size = header_bytes(file, path, hint)
+            weights.append(WeightsFile(path, file, size, len(head), parse_header(head, path, hint)))
+        layers_within_weights(config, weights, directory)
+        yield config, weights
+
+
+def _config_from(path: Path, raw: dict[str, Any]) -> Any:
+    """config.json's object as its transformers config class; no code from a directory runs."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-    path = directory / CONFIG
-    raw = reading.read_json_object(path, reading.MODEL_FILE)
     model_type = raw.get("model_type")
     if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
         raise reading.UnreadableFile(
@@ -46,31 +92,21 @@ def model_config(directory: Path) -> Any:
             "from a model directory is run); give a directory written by save_pretrained."
         )
     try:
-        config = CONFIG_MAPPING[model_type].from_dict(raw)
+        return CONFIG_MAPPING[model_type].from_dict(raw)
     except Exception as err:  # a config class's validators raise errors of their own
         raise reading.UnreadableFile(
             f"{path}: not a {model_type} config ({str(err)[:200]}); give a directory written by "
             "save_pretrained."
         ) from None
-    layers_within_weights(config, directory)
-    return config
 
 
-def layers_within_weights(config: Any, directory: Path) -> None:
-    """Refuse a config.json naming more layers than the directory's weights hold tensors, before
-    any model of it is built (a model of a million layers takes minutes and gigabytes to build,
-    even on the meta device). Every layer stores at least one tensor of its own, except ALBERT's,
-    which share a group whose tensors outnumber the layers of any ALBERT."""
+def layers_within_weights(config: Any, weights: list[WeightsFile], directory: Path) -> None:
+    """Refuse a config naming more layers than the weights hold tensors. Every layer stores at
+    least one tensor of its own, except ALBERT's, which share a group whose tensors outnumber the
+    layers of any ALBERT."""
     layers = getattr(config, "num_hidden_layers", None)
-    if type(layers) is not int or layers <= 1:
-        return
-    tensors = 0
-    for path in weight_files(directory):  # the headers' names only; read_safetensors checks the rest
-        with reading.open_regular(path, reading.WEIGHTS) as file:
-            head, _ = header_bytes(file, path, "save the model again with save_pretrained")
-        header = reading.parse_json(head[8:], path, "safetensors header")
-        tensors += len(set(header) - {"__metadata__"}) if isinstance(header, dict) else 0
-    if layers > tensors:
+    tensors = sum(len(w.header) for w in weights)
+    if type(layers) is int and layers > 1 and layers > tensors:
         raise reading.UnreadableFile(
             f"{directory / CONFIG}: num_hidden_layers is {layers:,}, more layers than its weights hold "
             f"tensors ({tensors:,}); give the config.json saved with these weights."
@@ -110,41 +146,51 @@ def weights_limit(model: Any, files: int) -> int:
     return 8 * numbers + files * (HEADER_LIMIT + 8)
 
 
-def safetensors_header(head: bytes, body: int, shown: Path, hint: str) -> dict[str, Any]:
-    """The header of a safetensors file from `head` (its length prefix and JSON), for `body` bytes
-    of tensors after it: each tensor once, of a known dtype, of its shape's size, and together
-    tiling the body (as safetensors writes them: none overlaps, no byte is left over). Anything
-    else is refused naming `shown`, then `hint` (what to do). Returns name -> entry."""
-
-    def fail(what: str) -> reading.UnreadableFile:
-        return reading.UnreadableFile(f"{shown}: cannot load the model: {what}; {hint}.")
-
+def parse_header(head: bytes, shown: Path, hint: str) -> dict[str, Any]:
+    """A safetensors file's header from `head` (its length prefix and JSON) as name -> entry,
+    without its __metadata__; a header that is no JSON object is refused naming `shown`."""
     try:
         header = reading.parse_json(head[8:], shown, "safetensors header")
     except reading.UnreadableFile as err:
-        raise fail(str(err).removeprefix(f"{shown}: ").rstrip(".")) from None
+        raise _cannot_load(shown, str(err).removeprefix(f"{shown}: ").rstrip("."), hint) from None
     if not isinstance(header, dict):
-        raise fail("has a header that is not a JSON object")
+        raise _cannot_load(shown, "has a header that is not a JSON object", hint)
     header.pop("__metadata__", None)
+    return header
+
+
+def _cannot_load(shown: Path, what: str, hint: str) -> reading.UnreadableFile:
+    return reading.UnreadableFile(f"{shown}: cannot load the model: {what}; {hint}.")
+
+
+def check_layout(header: dict[str, Any], body: int, shown: Path, hint: str) -> None:
+    """A parsed header (`parse_header`) for `body` bytes of tensors after it: each tensor once, of
+    a known dtype, of its shape's size, and together tiling the body (as safetensors writes them:
+    none overlaps, no byte is left over). Anything else is refused naming `shown`, then `hint`."""
     for name, entry in header.items():
         if not (isinstance(entry, dict) and set(entry) == {"dtype", "shape", "data_offsets"}):
-            raise fail(f"tensor {name[:80]!r} is not described by dtype, shape and data_offsets")
+            raise _cannot_load(
+                shown, f"tensor {name[:80]!r} is not described by dtype, shape and data_offsets", hint
+            )
         dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
         size = DTYPES.get(dtype) if isinstance(dtype, str) else None
         whole = isinstance(shape, list) and all(type(d) is int and 0 <= d < 1 << 40 for d in shape)
         spans = isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)
         if size is None or not whole or not spans or not 0 <= offsets[0] <= offsets[1] <= body:
-            raise fail(f"tensor {name[:80]!r} has a dtype, shape or position safetensors never writes")
+            raise _cannot_load(
+                shown, f"tensor {name[:80]!r} has a dtype, shape or position safetensors never writes", hint
+            )
         if offsets[1] - offsets[0] != math.prod(shape) * size[1]:
-            raise fail(f"tensor {name[:80]!r} does not hold the bytes its shape needs")
+            raise _cannot_load(shown, f"tensor {name[:80]!r} does not hold the bytes its shape needs", hint)
     end = 0
     for name, entry in sorted(header.items(), key=lambda item: item[1]["data_offsets"]):
         if entry["data_offsets"][0] != end:
-            raise fail(f"tensor {name[:80]!r} overlaps another or leaves a gap before it")
+            raise _cannot_load(
+                shown, f"tensor {name[:80]!r} overlaps another or leaves a gap before it", hint
+            )
         end = entry["data_offsets"][1]
     if end != body:
-        raise fail(f"holds {body - end} bytes after its last tensor")
-    return header
+        raise _cannot_load(shown, f"holds {body - end} bytes after its last tensor", hint)
 
 
 def header_bytes(file: Any, path: Path, hint: str) -> tuple[bytes, int]:
@@ -164,38 +210,31 @@ def header_bytes(file: Any, path: Path, hint: str) -> tuple[bytes, int]:
     return prefix + file.read(length), size
 
 
-def read_safetensors(
-    path: Path, limit: int, hint: str, check: Callable[[dict[str, Any]], None] | None = None
-) -> tuple[dict[str, Any], int]:
-    """The tensors of one safetensors file and its size, read once through the reader (a regular
-    file of at most `limit` bytes): its header checked (`safetensors_header`, then `check` if
-    given) before any tensor is made, then each tensor's bytes read straight into a new tensor --
-    no second copy of the file in memory, and no byte used that was not read and checked here."""
+def read_tensors(weights: WeightsFile, hint: str) -> dict[str, Any]:
+    """The tensors of one open safetensors file whose layout was checked (`read_weights`), each
+    tensor's bytes read straight into a new tensor -- no second copy of the file in memory, and
+    no byte used that was not read and checked here."""
     import torch
 
-    def fail(what: str) -> reading.UnreadableFile:
-        return reading.UnreadableFile(f"{path}: cannot load the model: {what}; {hint}.")
-
+    path, file = weights.path, weights.file
     if sys.byteorder != "little":
-        raise fail("safetensors stores little-endian numbers, and this machine is big-endian")
-    with reading.open_regular(path, reading.WEIGHTS, limit=limit) as file:
-        head, size = header_bytes(file, path, hint)
-        header = safetensors_header(head, size - len(head), path, hint)
-        if check is not None:
-            check(header)
-        state = {}
-        for name, entry in sorted(header.items(), key=lambda item: item[1]["data_offsets"]):
-            tensor = torch.empty(entry["shape"], dtype=getattr(torch, DTYPES[entry["dtype"]][0]))
-            raw = tensor.view(-1).view(torch.uint8).numpy()  # the tensor's own memory, as bytes
-            if raw.size and file.readinto(memoryview(raw)) != raw.size:
-                raise fail("is shorter than its header says (it changed while it was read)")
-            state[name] = tensor
-        if file.read(1):
-            raise fail("grew while it was read")
+        raise _cannot_load(
+            path, "safetensors stores little-endian numbers, and this machine is big-endian", hint
+        )
+    state = {}
+    for name, entry in sorted(weights.header.items(), key=lambda item: item[1]["data_offsets"]):
+        tensor = torch.empty(entry["shape"], dtype=getattr(torch, DTYPES[entry["dtype"]][0]))
+        raw = tensor.view(-1).view(torch.uint8).numpy()  # the tensor's own memory, as bytes
+        if raw.size and file.readinto(memoryview(raw)) != raw.size:
+            raise _cannot_load(path, "is shorter than its header says (it changed while it was read)", hint)
+        state[name] = tensor
+    if file.read(1):
+        raise _cannot_load(path, "grew while it was read", hint)
     bad = non_finite(state.items())
     if bad is not None:  # a NaN weight answers "" everywhere, trains to NaN and exports as such
-        raise fail(f"tensor {bad[:80]!r} holds NaN or infinite values (a diverged run, or a damaged file)")
-    return state, size
+        what = f"tensor {bad[:80]!r} holds NaN or infinite values (a diverged run, or a damaged file)"
+        raise _cannot_load(path, what, hint)
+    return state
 
 
 def non_finite(named: Any) -> str | None:
@@ -210,21 +249,34 @@ def non_finite(named: Any) -> str | None:
     return None
 
 
-def read_weights(directory: Path, model: Any, hint: str) -> dict[str, Any]:
-    """Every tensor of the directory's safetensors file(s), each file read once through the reader,
-    all of them together within what `model` can hold (`weights_limit`)."""
-    files = weight_files(directory)
-    left = weights_limit(model, len(files))
-    state: dict[str, Any] = {}
-    for path in files:
-        tensors, size = read_safetensors(path, left, hint)
-        again = sorted(set(tensors) & set(state))
+def read_weights(
+    weights: list[WeightsFile],
+    model: Any,
+    hint: str,
+    check: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Every tensor of the open weight files (`opened_model`), all of them together within what
+    `model` (a meta-device model will do) can hold (`weights_limit`), no tensor in two files, and
+    the headers together passing `check` (if given) before any tensor is made."""
+    left = weights_limit(model, len(weights))
+    for file in weights:
+        if file.size > left:
+            raise reading.too_large(file.path, file.size, reading.WEIGHTS, left)
+        left -= file.size
+        check_layout(file.header, file.size - file.start, file.path, hint)
+    names: set[str] = set()
+    for file in weights:
+        again = sorted(set(file.header) & names)
         if again:  # two shards holding one tensor: which one transformers would keep is not said
             raise reading.UnreadableFile(
-                f"{path}: holds {again[0][:80]!r} again, which another shard holds; {hint}."
+                f"{file.path}: holds {again[0][:80]!r} again, which another shard holds; {hint}."
             )
-        state.update(tensors)
-        left -= size
+        names |= set(file.header)
+    if check is not None:
+        check({name: entry for file in weights for name, entry in file.header.items()})
+    state: dict[str, Any] = {}
+    for file in weights:
+        state.update(read_tensors(file, hint))
     return state
 
 
@@ -248,7 +300,7 @@ def expected_tensors(model: Any) -> dict[str, tuple[tuple[int, ...], bool]]:
 def check_header(
     header: dict[str, Any], expected: dict[str, tuple[tuple[int, ...], bool]], shown: Path
 ) -> None:
-    """A safetensors header (safetensors_header) against the model: the names exactly the
+    """A safetensors header (`parse_header`, `check_layout`) against the model: the names exactly the
     model's; floats where the model has floats (a QA head stored as int32 would load as garbage),
     shapes the model's."""
 
@@ -267,20 +319,20 @@ def check_header(
             raise fail(f"tensor {name} is {got}; the model's is {'float' if floating else 'integer'} {shape}")
 
 
-def load_qa_model(hf: Path, **config_kwargs: Any) -> Any:
-    """The QA model of a checkpoint's `hf` directory, from config.json and model.safetensors
-    checked as above, built from the bytes that were checked; `config_kwargs` go to from_config
-    (export.py's attn_implementation)."""
+def load_qa_model(hf: Path, raw: dict[str, Any] | None = None, **config_kwargs: Any) -> Any:
+    """The QA model of a checkpoint's `hf` directory, from config.json (`raw`, where the caller
+    read it already) and the weights checked as above, built from the bytes that were checked;
+    `config_kwargs` go to from_config (export.py's attn_implementation)."""
     import torch
     from transformers import AutoModelForQuestionAnswering
 
-    config = model_config(hf)
-    with torch.device("meta"):
-        shape_only = AutoModelForQuestionAnswering.from_config(config)
-    expected, path = expected_tensors(shape_only), hf / WEIGHTS
-    state, _ = read_safetensors(
-        path, weights_limit(shape_only, 1), AGAIN, lambda header: check_header(header, expected, path)
-    )
+    with opened_model(hf, AGAIN, raw) as (config, weights):
+        with torch.device("meta"):
+            shape_only = AutoModelForQuestionAnswering.from_config(config)
+        expected = expected_tensors(shape_only)
+        state = read_weights(
+            weights, shape_only, AGAIN, lambda header: check_header(header, expected, weights[0].path)
+        )
     model = AutoModelForQuestionAnswering.from_config(config, **config_kwargs)
     model.load_state_dict(state, strict=True)
     return model

@@ -79,6 +79,11 @@ def _limit_text(kind: Kind, limit: int) -> str:
     )
 
 
+def too_large(shown: Path | str, size: int, kind: Kind, limit: int) -> UnreadableFile:
+    """The refusal of a file of `size` bytes over `limit`, the most a file of `kind` may hold here."""
+    return UnreadableFile(f"{shown}: is {size / MIB:,.1f} MiB; {_limit_text(kind, limit)}.")
+
+
 def open_regular(
     path: Path | str,
     kind: Kind,
@@ -115,7 +120,7 @@ def open_regular(
             raise UnreadableFile(f"{shown}: is a pipe, socket or device, not a regular file; give a file.")
         cap = kind.bytes if limit is None else limit
         if info.st_size > cap:
-            raise UnreadableFile(f"{shown}: is {info.st_size / MIB:,.1f} MiB; {_limit_text(kind, cap)}.")
+            raise too_large(shown, info.st_size, kind, cap)
         # Left non-blocking: a regular file on disk never waits, and one that would (/proc/kmsg is
         # "regular" with size 0) must answer EAGAIN rather than hang the command.
         return os.fdopen(fd, "rb")

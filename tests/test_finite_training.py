@@ -82,7 +82,7 @@ def test_a_gradient_norm_is_judged_except_where_the_loss_scaler_owns_it() -> Non
 
 
 def test_a_pretrained_model_holding_nan_is_refused_before_training(tiny_bert: Path, tmp_path: Path) -> None:
-    """The one weights reader refuses it (model_files.read_safetensors), so the trial never trains
+    """The one weights reader refuses it (model_files.read_tensors), so the trial never trains
     from it, as predict.py and export.py never answer from it."""
     import shutil
 

@@ -19,6 +19,7 @@ from extractive_qa.trial import model_io
 from tests.support.project import run_main, run_train, tiny_config, write_yaml
 
 pytestmark = pytest.mark.cluster_stack  # how from_pretrained matches given tensors is transformers'
+ONE_LAYER = {"model_type": "bert", "num_hidden_layers": 1}  # a config.json for a file of a few tensors
 
 
 def _spy_on_transformers(monkeypatch: pytest.MonkeyPatch) -> list[str]:
@@ -174,15 +175,18 @@ def test_each_dtype_reads_as_safetensors_writes_it_and_a_file_must_be_tiled_by_i
     }
     path = tmp_path / "model.safetensors"
     save_file(written, path)
-    read, size = model_files.read_safetensors(path, path.stat().st_size, "write it again")
-    assert size == path.stat().st_size and read.keys() == written.keys()
-    assert all(read[k].dtype == t.dtype and torch.equal(read[k], t) for k, t in written.items())
-    with pytest.raises(reading.UnreadableFile, match="more than a model weights"):
-        model_files.read_safetensors(path, path.stat().st_size - 1, "write it again")
+
+    def read() -> dict[str, torch.Tensor]:
+        with model_files.opened_model(tmp_path, "write it again", raw=ONE_LAYER) as (_, w):
+            return model_files.read_weights(w, torch.nn.Linear(2, 2), "write it again")
+
+    got = read()  # (over what a model may hold: test_weights_over_what_the_model_can_hold_...)
+    assert got.keys() == written.keys()
+    assert all(got[k].dtype == t.dtype and torch.equal(got[k], t) for k, t in written.items())
     with open(path, "ab") as f:
         f.write(b"\0" * 8)  # bytes no tensor claims
     with pytest.raises(reading.UnreadableFile, match="holds 8 bytes after its last tensor; write it again"):
-        model_files.read_safetensors(path, path.stat().st_size, "write it again")
+        read()
 
 
 def test_a_tensor_in_two_shards_is_refused_naming_it(tmp_path: Path) -> None:
@@ -195,4 +199,31 @@ def test_a_tensor_in_two_shards_is_refused_naming_it(tmp_path: Path) -> None:
     weight_map = {"a": "one.safetensors", "b": "two.safetensors"}
     (model / model_files.WEIGHTS_INDEX).write_text(json.dumps({"weight_map": weight_map}))
     with pytest.raises(reading.UnreadableFile, match=r"two\.safetensors: holds 'a' again"):
-        model_files.read_weights(model, torch.nn.Linear(2, 2), "save it again")
+        with model_files.opened_model(model, "save it again", raw=ONE_LAYER) as (_, weights):
+            model_files.read_weights(weights, torch.nn.Linear(2, 2), "save it again")
+
+
+def test_each_file_of_a_model_directory_is_read_once(
+    tiny_bert: Path, trained, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Answering from a checkpoint and loading the model a run trains from open each file of the
+    model directory once: config.json is read once and built from, and each weights file's header
+    and tensors come from one open file (before: both were opened twice)."""
+    from extractive_qa.serve.predictor import Predictor
+
+    checkpoint, _ = trained
+    opened: list[str] = []
+    real = reading.open_regular
+
+    def counted(path: Path | str, *args: Any, **kwargs: Any) -> Any:
+        opened.append(str(path))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(reading, "open_regular", counted)
+    Predictor(str(checkpoint), device="cpu")
+    model_io.load_qa_model(str(tiny_bert))
+    for directory in (checkpoint / "hf", tiny_bert):
+        names = [Path(p).name for p in opened if Path(p).parent == directory]
+        assert "config.json" in names and "model.safetensors" in names, opened
+        again = sorted({name for name in names if names.count(name) > 1})
+        assert not again, f"{directory}: opened more than once: {again}"

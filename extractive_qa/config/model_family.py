@@ -34,17 +34,21 @@ def pretrained_config(name: str, local_only: bool) -> Any:
 
 
 def model_position_limit(pretrained: str) -> int | None:
-    """How many tokens a window of this model may hold (its absolute positions), from its
-    config.json alone -- no weights are read. None where unknown (no config here, or relative
-    positions only)."""
+    """How many tokens a window of this model may hold, from its config.json alone -- no weights
+    are read. None where unknown (no config here: a hub name not downloaded yet)."""
     path = Path(str(resolve_pretrained(pretrained)))
     config = path / "config.json"
     if not config.is_file():
         return None  # a hub name not downloaded yet: checked when the model loads
     try:
-        raw = reading.read_json_object(config, reading.MODEL_FILE)
+        return position_limit(reading.read_json_object(config, reading.MODEL_FILE))
     except reading.UnreadableFile as err:
         raise ConfigError(f"data.pretrained_model: {err}") from None
+
+
+def position_limit(raw: dict[str, Any]) -> int | None:
+    """How many tokens a window may hold under config.json's object `raw` (its absolute
+    positions); None where it has relative positions only, or says nothing of them."""
     if raw.get("position_biased_input") is False:  # DeBERTa-v2/v3: relative positions only
         return None
     limit = raw.get("max_position_embeddings")

@@ -28,8 +28,8 @@ from extractive_qa.errors import DataError
 
 
 # What a tokenizer's from_pretrained may read from a model directory: config.json names the model
-# type where tokenizer_config.json names no tokenizer class; the vocabularies build a fast tokenizer
-# where tokenizer.json is missing.
+# type where tokenizer_config.json names no tokenizer class (only then is it read); the
+# vocabularies build a fast tokenizer where tokenizer.json is missing.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "added_tokens.json", "config.json", "vocab.txt", "vocab.json", "merges.txt",
                    "spm.model", "spiece.model", "sentencepiece.bpe.model", "tokenizer.model",
@@ -42,15 +42,29 @@ def private_tokenizer_files(directory: Path) -> tempfile.TemporaryDirectory:
     only this user can open (mkdtemp: 0700). transformers then reads the very bytes the reader
     checked: a file swapped for a pipe or a larger one after the check never reaches it."""
     private = tempfile.TemporaryDirectory(prefix="tokenizer-")
+    copied: dict[str, bytes] = {}
     try:
         for name in TOKENIZER_FILES:
             path = directory / name
+            if name == "config.json" and _names_its_class(copied.get("tokenizer_config.json")):
+                continue  # from_pretrained reads it only where no tokenizer class is named
             if path.exists() or path.is_symlink():
-                (Path(private.name) / name).write_bytes(reading.read_bytes(path, reading.MODEL_FILE))
+                copied[name] = reading.read_bytes(path, reading.MODEL_FILE)
+                (Path(private.name) / name).write_bytes(copied[name])
     except BaseException:
         private.cleanup()
         raise
     return private
+
+
+def _names_its_class(tokenizer_config: bytes | None) -> bool:
+    """Whether tokenizer_config.json's bytes name the tokenizer class (then from_pretrained never
+    reads config.json); unreadable bytes name none (from_pretrained reports them)."""
+    try:
+        value = reading.parse_json(tokenizer_config, "tokenizer_config.json") if tokenizer_config else None
+    except reading.UnreadableFile:
+        return False
+    return isinstance(value, dict) and isinstance(value.get("tokenizer_class"), str)
 
 
 def load_tokenizer(name: str, local_only: bool = False) -> Any:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from extractive_qa import buckets, model_files
-from extractive_qa.config.model_family import model_position_limit
+from extractive_qa.config.model_family import position_limit
 from extractive_qa.data.features import load_tokenizer, vocabulary_sha256
 from extractive_qa.errors import DataError
 from extractive_qa.private_dir import cached_download
@@ -176,7 +176,8 @@ class ModelDir:
                 f"--runtime {self.runtime}: {hf} has no {RUNTIME_FILES[self.runtime]}; write it with "
                 "`python3 export.py --checkpoint CHECKPOINT --out DIR` and pass --checkpoint DIR."
             )
-        spec, limit = self.settings.window_spec, model_position_limit(str(hf))
+        self.config_json = model_files.config_json(hf)  # read once: the PyTorch load builds from it
+        spec, limit = self.settings.window_spec, position_limit(self.config_json)
         if limit is not None and spec.max_seq_length > limit:
             raise DataError(
                 f"{hf / qa_settings.QA_SETTINGS}: max_seq_length {spec.max_seq_length} is above "
@@ -217,7 +218,7 @@ class ModelDir:
     def torch_model(self, tokenizer: Any) -> Any:
         """The PyTorch model from the checked weights, refused when `tokenizer` is not its own."""
         try:
-            model = model_files.load_qa_model(self.hf)
+            model = model_files.load_qa_model(self.hf, self.config_json)
         except DataError:
             raise
         except Exception as err:  # bytes that passed the header check but not safetensors' reader

@@ -85,11 +85,11 @@ def load_qa_model(source: str, **kwargs: Any) -> tuple[torch.nn.Module, str, lis
 def _from_directory(directory: Path, **kwargs: Any) -> tuple[torch.nn.Module, dict[str, Any]]:
     """The QA model of a local pretrained directory, from its config and weights as the reader
     read them. The same model, QA head draw and loading report as from_pretrained on the path."""
-    config = model_files.model_config(directory)
-    cls = qa_class(config, str(directory))
-    with torch.device("meta"):
-        shape_only = cls(copy.deepcopy(config))  # only its sizes: no weights, no random draws
-    state = model_files.read_weights(directory, shape_only, "save the model again with save_pretrained")
+    with model_files.opened_model(directory, model_files.SAVE_AGAIN) as (config, weights):
+        cls = qa_class(config, str(directory))
+        with torch.device("meta"):
+            shape_only = cls(copy.deepcopy(config))  # only its sizes: no weights, no random draws
+        state = model_files.read_weights(weights, shape_only, model_files.SAVE_AGAIN)
     model, info = cls.from_pretrained(
         None, config=config, state_dict=state, output_loading_info=True, **kwargs
     )
