@@ -58,6 +58,27 @@ def test_jsonl_as_datasets_writes_it_and_a_json_array(tmp_path: Path) -> None:
     assert any(not r["answers"]["text"] for r in records)
 
 
+def test_each_line_of_a_json_lines_file_is_parsed_once(tmp_path: Path, monkeypatch) -> None:
+    """The first line tells JSON Lines from SQuAD's document; the record it parsed is the first
+    record, not parsed again (before: the first line was parsed twice)."""
+    from extractive_qa import reading
+
+    squad = squad_files.load_squad(DEV_V1, training=False)
+    lines = tmp_path / "dev.jsonl"
+    lines.write_text("\n" + "\n".join(json.dumps(squad_formats.flat_record(e)) for e in squad.examples[:3]))
+    parsed: list[str] = []
+    real = reading.parse_json
+
+    def counted(data: Any, shown: Any, *args: Any) -> Any:
+        parsed.append(data if isinstance(data, str) else data.decode())
+        return real(data, shown, *args)
+
+    monkeypatch.setattr(reading, "parse_json", counted)
+    loaded = squad_files.load_squad(lines, training=False)
+    assert _fields(loaded) == _fields(squad)[:3]
+    assert sorted(parsed) == sorted(line for line in lines.read_text().split("\n") if line)
+
+
 FLAT_OK = {"id": "a", "title": "T", "context": "Paris is big.", "question": "What?",
            "answers": {"text": ["Paris"], "answer_start": [0]}}  # fmt: skip
 ANSWERS = FLAT_OK["answers"]

@@ -58,8 +58,11 @@ def read_questions(path: Path, raw: bytes) -> Questions:
     if raw.startswith(PARQUET_MAGIC):
         return Questions(_flat_questions(parquet_records(path, raw)), flat=True)
     text = _text(path, raw)
-    if is_flat_json(text):
-        return Questions(_flat_questions(json_records(path, text)), flat=True)
+    if text.lstrip().startswith("["):
+        return Questions(_flat_questions(array_records(path, text)), flat=True)
+    first = first_line_record(text)
+    if first is not None:
+        return Questions(_flat_questions(line_records(path, text, first)), flat=True)
     doc = _read_json(path, text)
     if is_flat_record(doc):  # JSON Lines of one line
         return Questions(_flat_questions([FlatRecord(f"{path}: line 1", doc)]), flat=True)
@@ -134,46 +137,50 @@ def _flat_questions(records: Iterable[FlatRecord]) -> Iterator[Question]:
         yield item.place, title, context, qa
 
 
-def is_flat_json(text: str) -> bool:
-    """A JSON text holding flat records rather than SQuAD's {"data": [...]} document: a JSON array,
-    or JSON Lines of two or more lines whose first line alone is a flat record. (A one-line file
-    is parsed whole first; `is_flat_record` tells a single record from a SQuAD document.)"""
-    head = text.lstrip()
-    if head.startswith("["):
-        return True
-    first, _, rest = head.partition("\n")
+def first_line_record(text: str) -> Any:
+    """The first line of a JSON Lines text of two or more lines, parsed, where that line alone is
+    a flat record; else None. (A one-line file is parsed whole: `is_flat_record` then tells a
+    single record from SQuAD's document, which may be pretty-printed over many lines.)"""
+    first, _, rest = text.lstrip().partition("\n")
     if not rest.strip():
-        return False
+        return None
     try:
-        return is_flat_record(reading.parse_json(first, "first line"))
+        record = reading.parse_json(first, "first line")
     except reading.UnreadableFile:
-        return False
+        return None
+    return record if is_flat_record(record) else None
 
 
 def is_flat_record(obj: Any) -> bool:
     return isinstance(obj, dict) and "data" not in obj and any(k in obj for k in FIELDS)
 
 
-def json_records(path: Path, text: str) -> Iterator[FlatRecord]:
-    """The records of a JSON Lines file (blank lines skipped) or of a JSON array."""
-    if text.lstrip().startswith("["):
-        try:
-            records = reading.parse_json(text, path, "JSON array of records")
-        except reading.UnreadableFile as err:
-            raise DataError(f"{err} Expected a JSON array of question records.") from None
-        for i, record in enumerate(records):
-            yield FlatRecord(f"{path}: record {i}", record)
-        return
+def array_records(path: Path, text: str) -> Iterator[FlatRecord]:
+    """The records of a JSON array."""
+    try:
+        records = reading.parse_json(text, path, "JSON array of records")
+    except reading.UnreadableFile as err:
+        raise DataError(f"{err} Expected a JSON array of question records.") from None
+    for i, record in enumerate(records):
+        yield FlatRecord(f"{path}: record {i}", record)
+
+
+def line_records(path: Path, text: str, first: Any) -> Iterator[FlatRecord]:
+    """The records of a JSON Lines file (blank lines skipped); `first`, its first record, was
+    parsed already (`first_line_record`) and is not parsed again."""
     for number, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
-        try:
-            record = reading.parse_json(line, f"{path}: line {number}")
-        except reading.UnreadableFile as err:
-            raise DataError(
-                f"{path}: line {number} is not one JSON object ({str(err).split(': ', 2)[-1][:200]}); "
-                "JSON Lines holds one question record per line."
-            ) from None
+        if first is not None:
+            record, first = first, None
+        else:
+            try:
+                record = reading.parse_json(line, f"{path}: line {number}")
+            except reading.UnreadableFile as err:
+                raise DataError(
+                    f"{path}: line {number} is not one JSON object ({str(err).split(': ', 2)[-1][:200]}); "
+                    "JSON Lines holds one question record per line."
+                ) from None
         yield FlatRecord(f"{path}: line {number}", record)
 
 
