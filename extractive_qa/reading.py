@@ -299,7 +299,12 @@ def read_json(path: Path | str, kind: Kind, *, follow_links: bool = True, what: 
 
 
 def read_json_object(path: Path | str, kind: Kind, *, follow_links: bool = True) -> dict[str, Any]:
-    value = read_json(path, kind, follow_links=follow_links)
+    return json_object(read_bytes(path, kind, follow_links=follow_links), path)
+
+
+def json_object(data: bytes, shown: Path | str) -> dict[str, Any]:
+    """`data` (a file's bytes, read through the reader) parsed as a JSON object."""
+    value = parse_json(data, shown)
     if not isinstance(value, dict):
-        raise UnreadableFile(f"{path}: holds a JSON {type(value).__name__}, not an object.")
+        raise UnreadableFile(f"{shown}: holds a JSON {type(value).__name__}, not an object.")
     return value

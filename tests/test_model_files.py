@@ -207,8 +207,9 @@ def test_each_file_of_a_model_directory_is_read_once(
     tiny_bert: Path, trained, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Answering from a checkpoint and loading the model a run trains from open each file of the
-    model directory once: config.json is read once and built from, and each weights file's header
-    and tensors come from one open file (before: both were opened twice)."""
+    model directory once: config.json is read once -- the position check, the model and the
+    tokenizer's private copy take those bytes -- and each weights file's header and tensors come
+    from one open file (before: config.json was read three times, the weights twice)."""
     from extractive_qa.serve.predictor import Predictor
 
     checkpoint, _ = trained

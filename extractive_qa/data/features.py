@@ -9,7 +9,7 @@ import json
 import sys
 import tempfile
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,53 +28,45 @@ from extractive_qa.errors import DataError
 
 
 # What a tokenizer's from_pretrained may read from a model directory: config.json names the model
-# type where tokenizer_config.json names no tokenizer class (only then is it read); the
-# vocabularies build a fast tokenizer where tokenizer.json is missing.
+# type where tokenizer_config.json names no tokenizer class; the vocabularies build a fast tokenizer
+# where tokenizer.json is missing.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "added_tokens.json", "config.json", "vocab.txt", "vocab.json", "merges.txt",
                    "spm.model", "spiece.model", "sentencepiece.bpe.model", "tokenizer.model",
                    "chat_template.jinja", "chat_template.json")  # fmt: skip
 
 
-def private_tokenizer_files(directory: Path) -> tempfile.TemporaryDirectory:
+def private_tokenizer_files(
+    directory: Path, read: Mapping[str, bytes] | None = None
+) -> tempfile.TemporaryDirectory:
     """The tokenizer files of `directory`, each read once through the reader (a regular file within
     a model file's limit, or a one-line refusal naming it) and written into a new directory that
     only this user can open (mkdtemp: 0700). transformers then reads the very bytes the reader
-    checked: a file swapped for a pipe or a larger one after the check never reaches it."""
+    checked: a file swapped for a pipe or a larger one after the check never reaches it. `read`:
+    files the caller read through the reader already (name -> bytes), copied from those bytes."""
     private = tempfile.TemporaryDirectory(prefix="tokenizer-")
-    copied: dict[str, bytes] = {}
     try:
         for name in TOKENIZER_FILES:
             path = directory / name
-            if name == "config.json" and _names_its_class(copied.get("tokenizer_config.json")):
-                continue  # from_pretrained reads it only where no tokenizer class is named
-            if path.exists() or path.is_symlink():
-                copied[name] = reading.read_bytes(path, reading.MODEL_FILE)
-                (Path(private.name) / name).write_bytes(copied[name])
+            if read and name in read:
+                (Path(private.name) / name).write_bytes(read[name])
+            elif path.exists() or path.is_symlink():
+                (Path(private.name) / name).write_bytes(reading.read_bytes(path, reading.MODEL_FILE))
     except BaseException:
         private.cleanup()
         raise
     return private
 
 
-def _names_its_class(tokenizer_config: bytes | None) -> bool:
-    """Whether tokenizer_config.json's bytes name the tokenizer class (then from_pretrained never
-    reads config.json); unreadable bytes name none (from_pretrained reports them)."""
-    try:
-        value = reading.parse_json(tokenizer_config, "tokenizer_config.json") if tokenizer_config else None
-    except reading.UnreadableFile:
-        return False
-    return isinstance(value, dict) and isinstance(value.get("tokenizer_class"), str)
-
-
-def load_tokenizer(name: str, local_only: bool = False) -> Any:
+def load_tokenizer(name: str, local_only: bool = False, read: Mapping[str, bytes] | None = None) -> Any:
     """The model's fast tokenizer; `local_only`: from this machine only (no hub request). A local
-    directory's files are loaded from a private copy (`private_tokenizer_files`), kept while the
-    tokenizer lives: a fast tokenizer may name its vocabulary file again when it is saved."""
+    directory's files are loaded from a private copy (`private_tokenizer_files`; `read`: its files
+    the caller read already), kept while the tokenizer lives: a fast tokenizer may name its
+    vocabulary file again when it is saved."""
     from transformers import AutoTokenizer
 
     source = resolve_pretrained(name) if local_only else loadable_pretrained(name)
-    private = private_tokenizer_files(Path(source)) if Path(source).is_dir() else None
+    private = private_tokenizer_files(Path(source), read) if Path(source).is_dir() else None
     try:
         loaded_from = private.name if private is not None else source
         tokenizer = AutoTokenizer.from_pretrained(loaded_from, local_files_only=local_only)

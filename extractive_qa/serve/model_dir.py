@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from extractive_qa import buckets, model_files
+from extractive_qa import buckets, model_files, reading
 from extractive_qa.config.model_family import position_limit
 from extractive_qa.data.features import load_tokenizer, vocabulary_sha256
 from extractive_qa.errors import DataError
@@ -176,7 +176,9 @@ class ModelDir:
                 f"--runtime {self.runtime}: {hf} has no {RUNTIME_FILES[self.runtime]}; write it with "
                 "`python3 export.py --checkpoint CHECKPOINT --out DIR` and pass --checkpoint DIR."
             )
-        self.config_json = model_files.config_json(hf)  # read once: the PyTorch load builds from it
+        # config.json read once: the PyTorch model is built from it, the tokenizer's copy holds it.
+        self.config_file = reading.read_bytes(hf / model_files.CONFIG, reading.MODEL_FILE)
+        self.config_json = reading.json_object(self.config_file, hf / model_files.CONFIG)
         spec, limit = self.settings.window_spec, position_limit(self.config_json)
         if limit is not None and spec.max_seq_length > limit:
             raise DataError(
@@ -205,7 +207,7 @@ class ModelDir:
 
     def tokenizer(self) -> Any:
         """The folder's tokenizer, refused when its vocabulary is not the one the run trained with."""
-        tokenizer = load_tokenizer(str(self.hf))
+        tokenizer = load_tokenizer(str(self.hf), read={model_files.CONFIG: self.config_file})
         saved = self.settings.vocabulary_sha256
         if saved is not None and vocabulary_sha256(tokenizer) != saved:
             raise DataError(
