@@ -199,14 +199,10 @@ def header_bytes(file: Any, path: Path, hint: str) -> tuple[bytes, int]:
     size = os.fstat(file.fileno()).st_size
     prefix = file.read(8)
     if len(prefix) < 8:
-        raise reading.UnreadableFile(
-            f"{path}: cannot load the model: is too short to be a safetensors file; {hint}."
-        )
+        raise _cannot_load(path, "is too short to be a safetensors file", hint)
     (length,) = struct.unpack("<Q", prefix)
     if length > min(HEADER_LIMIT, size - 8):
-        raise reading.UnreadableFile(
-            f"{path}: cannot load the model: has a header longer than the file; {hint}."
-        )
+        raise _cannot_load(path, "has a header longer than the file", hint)
     return prefix + file.read(length), size
 
 
@@ -258,14 +254,12 @@ def read_weights(
     """Every tensor of the open weight files (`opened_model`), all of them together within what
     `model` (a meta-device model will do) can hold (`weights_limit`), no tensor in two files, and
     the headers together passing `check` (if given) before any tensor is made."""
-    left = weights_limit(model, len(weights))
+    left, names = weights_limit(model, len(weights)), set()
     for file in weights:
         if file.size > left:
             raise reading.too_large(file.path, file.size, reading.WEIGHTS, left)
         left -= file.size
         check_layout(file.header, file.size - file.start, file.path, hint)
-    names: set[str] = set()
-    for file in weights:
         again = sorted(set(file.header) & names)
         if again:  # two shards holding one tensor: which one transformers would keep is not said
             raise reading.UnreadableFile(
@@ -305,7 +299,7 @@ def check_header(
     shapes the model's."""
 
     def fail(what: str) -> reading.UnreadableFile:
-        return reading.UnreadableFile(f"{shown}: cannot load the model: {what}; {AGAIN}.")
+        return _cannot_load(shown, what, AGAIN)
 
     missing, extra = sorted(set(expected) - set(header)), sorted(set(header) - set(expected))
     if missing:
