@@ -68,17 +68,19 @@ def load_squad(source: str | os.PathLike, *, training: bool, download_dir: Path 
     Training drops (and reports) questions whose first answer is not where `answer_start` says;
     evaluation keeps every question, as the official scripts do.
     """
-    if str(source).startswith(squad_formats.DATASETS_PREFIX):
+    if not str(source).startswith(squad_formats.DATASETS_PREFIX):
+        path, pinned = resolve_source(source, download_dir), _pinned_sha256(source)
+        raw = reading.read_bytes(path, reading.DATA)
+        digest = hashlib.sha256(raw).hexdigest()
+        if pinned is not None and digest != pinned:
+            # The digest is checked on the bytes parsed here, not only on the file before reading.
+            raise DataError(f"{path}: its contents are not the official {source} (SHA-256 differs); "
+                            "delete it to download it again.")  # fmt: skip
+        questions = squad_formats.read_questions(path, raw)
+    else:
+        path = Path(str(source))
         questions, digest = squad_formats.datasets_questions(str(source))
-        return _checked(Path(str(source)), questions, digest, training)
-    path = resolve_source(source, download_dir)
-    raw = reading.read_bytes(path, reading.DATA)
-    digest, pinned = hashlib.sha256(raw).hexdigest(), _pinned_sha256(source)
-    if pinned is not None and digest != pinned:
-        # The digest is checked on the bytes parsed here, not only on the file before reading.
-        raise DataError(f"{path}: its contents are not the official {source} (SHA-256 differs); "
-                        "delete it to download it again.")  # fmt: skip
-    return _checked(path, squad_formats.read_questions(path, raw), digest, training)
+    return _checked(path, questions, digest, training)
 
 
 def _checked(path: Path, questions: squad_formats.Questions, digest: str, training: bool) -> SquadSet:

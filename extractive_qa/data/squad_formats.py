@@ -58,12 +58,12 @@ def read_questions(path: Path, raw: bytes) -> Questions:
     if raw.startswith(PARQUET_MAGIC):
         return Questions(_flat_questions(parquet_records(path, raw)), flat=True)
     text = _text(path, raw)
-    if text.lstrip().startswith("["):
-        return Questions(_flat_questions(array_records(path, text)), flat=True)
-    first = first_line_record(text)
+    first = first_line_record(text)  # None for an array: its first line is no object
     if first is not None:
         return Questions(_flat_questions(line_records(path, text, first)), flat=True)
     doc = _read_json(path, text)
+    if isinstance(doc, list):
+        return Questions(_flat_questions(array_records(path, doc)), flat=True)
     if is_flat_record(doc):  # JSON Lines of one line
         return Questions(_flat_questions([FlatRecord(f"{path}: line 1", doc)]), flat=True)
     if not isinstance(doc, dict) or not isinstance(doc.get("data"), list):
@@ -94,12 +94,16 @@ def _text(path: Path, raw: bytes) -> str:
 
 
 def _read_json(path: Path, text: str) -> Any:
-    """The file's JSON document (reading.parse_json: unique keys, finite numbers, bounded nesting),
-    with a clear error for truncated or unreadable JSON."""
+    """The file's one JSON value, SQuAD's document or an array of flat records (reading.parse_json:
+    unique keys, finite numbers, bounded nesting), with a clear error for truncated or unreadable
+    JSON."""
+    array = text.lstrip().startswith("[")
     try:
-        return reading.parse_json(text, path, "SQuAD JSON")
+        return reading.parse_json(text, path, "JSON array of records" if array else "SQuAD JSON")
     except reading.UnreadableFile as err:
-        raise DataError(f"{err} SQuAD files are UTF-8 JSON with a 'data' list.") from None
+        expected = "Expected a JSON array of question records." if array else (
+            "SQuAD files are UTF-8 JSON with a 'data' list.")  # fmt: skip
+        raise DataError(f"{err} {expected}") from None
 
 
 def _nested_questions(path: Path, doc: dict[str, Any]) -> Iterator[Question]:
@@ -155,12 +159,8 @@ def is_flat_record(obj: Any) -> bool:
     return isinstance(obj, dict) and "data" not in obj and any(k in obj for k in FIELDS)
 
 
-def array_records(path: Path, text: str) -> Iterator[FlatRecord]:
+def array_records(path: Path, records: list[Any]) -> Iterator[FlatRecord]:
     """The records of a JSON array."""
-    try:
-        records = reading.parse_json(text, path, "JSON array of records")
-    except reading.UnreadableFile as err:
-        raise DataError(f"{err} Expected a JSON array of question records.") from None
     for i, record in enumerate(records):
         yield FlatRecord(f"{path}: record {i}", record)
 
