@@ -41,8 +41,7 @@ from extractive_qa.data.squad_files import (
 )
 from extractive_qa.data.squad_formats import write_squad
 from extractive_qa.errors import ConfigError, DataError
-from extractive_qa.files import command_error
-from extractive_qa.output_rules import check_output_file, check_outputs
+from extractive_qa.files import check_output_file, check_outputs, command_error
 
 logger = logging.getLogger("squad")
 

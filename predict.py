@@ -24,8 +24,7 @@ from typing import Any
 from extractive_qa import cli  # first: a Ctrl-C while the libraries load is one line
 from extractive_qa.data import squad_files
 from extractive_qa.errors import DataError
-from extractive_qa.files import write_text_atomic
-from extractive_qa.output_rules import check_new_directory, check_output_file, check_outputs
+from extractive_qa.files import check_new_directory, check_output_file, check_outputs, write_text_atomic
 from extractive_qa.qa import outputs
 from extractive_qa.serve.predictor import Predictor
 

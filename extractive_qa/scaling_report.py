@@ -1,6 +1,6 @@
 """A scaling study's report: each run's rate, time, speedup and per-slot efficiency, computed from
 its measured metric reports only, written as report.json, report.md and report.png -- and where a
-report may be written (the writers' rules: output_rules.check_outputs).
+report may be written (the writers' rules: files.check_outputs).
 
 samples/s comes from the steps and end times of consecutive training reports (intervals that
 contain a validation are left out), train time = the run's samples / that rate, speedup =
@@ -22,8 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from extractive_qa.errors import ScalingError
-from extractive_qa.files import drawn_from, write_bytes_atomic, write_text_atomic
-from extractive_qa.output_rules import check_new_directory, check_output_dir, check_outputs
+from extractive_qa.files import (
+    check_new_directory,
+    check_output_dir,
+    check_outputs,
+    drawn_from,
+    write_bytes_atomic,
+    write_text_atomic,
+)
 from extractive_qa.scaling_runs import LOCAL_MARKER, RunInputs
 
 # --------------------------------------------------------------------------------------------
@@ -165,7 +171,7 @@ LOCAL_FILES = (*REPORT_FILES, "configs", "runs", "checkpoints")  # what `local` 
 
 
 def check_report_outputs(command: str, out: Path, config: Path | None) -> None:
-    """--out as every writer's outputs are checked (output_rules.check_outputs: no link, no checkpoint,
+    """--out as every writer's outputs are checked (files.check_outputs: no link, no checkpoint,
     nothing the project uploads); `local` also takes a new directory or one holding only what an
     earlier `local` wrote, since it writes configs/, runs/ and checkpoints/ there."""
     out = out.resolve()

@@ -139,7 +139,7 @@ def check_local_slots(series: Sequence[Variant]) -> None:
 
 
 # What `local` writes first into its --out: the directory is then its own to fill again
-# (output_rules.check_new_directory), and a report.md a user keeps elsewhere is never taken for one.
+# (files.check_new_directory), and a report.md a user keeps elsewhere is never taken for one.
 LOCAL_MARKER = ".scaling-local.json"
 
 

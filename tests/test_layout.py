@@ -18,7 +18,7 @@ ENTRY_SCRIPTS = {p.stem for p in ROOT.glob("*.py")}
 # The stages in the order a run goes through them; the base serves them all.
 BASE = (
     "errors", "reading", "model_files", "cli", "det_internals", "files", "private_dir", "buckets",
-    "output_rules", "compat",
+    "compat",
 )  # fmt: skip
 STAGES = ("config", "data", "qa", "resume", "trial", "launch", "serve")
 TOP = ("dry_run", "scaling_runs", "scaling_report")

@@ -354,7 +354,7 @@ def test_a_forged_feature_cache_is_rebuilt_not_trained_on(tokenizer, tmp_path: P
 def test_no_output_lands_inside_another_checkpoint_or_through_a_link(trained, tmp_path: Path) -> None:
     """predict.py --out onto another checkpoint's hf/qa_settings.json, train.py --metrics-out onto
     another checkpoint's metadata.json, and an output that is a link: each refused before any
-    work, the other checkpoint unchanged (output_rules.check_outputs: checkpoint_holding, the link rule)."""
+    work, the other checkpoint unchanged (files.check_outputs: checkpoint_holding, the link rule)."""
     import shutil
 
     checkpoint, _ = trained

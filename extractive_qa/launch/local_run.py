@@ -30,7 +30,7 @@ from determined import core, pytorch
 from extractive_qa import det_internals
 from extractive_qa.config import run_plan
 from extractive_qa.config.experiment import RunOptions, Source
-from extractive_qa.files import ROOT, write_text_atomic
+from extractive_qa.files import ROOT, check_output_file, check_outputs, write_text_atomic
 from extractive_qa.launch import interruption, progress
 from extractive_qa.launch.driver import (
     BuiltTrial,
@@ -49,7 +49,6 @@ from extractive_qa.launch.storage import (
     prepare_local_storage,
     write_failure_error,
 )
-from extractive_qa.output_rules import check_output_file, check_outputs
 from extractive_qa.resume import identity
 from extractive_qa.resume.restore import (
     Resumed,

@@ -23,7 +23,7 @@ NBEST = "nbest_predictions.json"
 OUTPUT_FILES = (PREDICTIONS, NULL_ODDS, NBEST)
 NBest = dict[str, list[dict[str, Any]]]  # id -> its top spans, as nbest_predictions.json holds them
 # Written first into every predict.py --out-dir (write_outputs' record): the mark of a directory
-# predict.py filled (output_rules).
+# predict.py filled (files).
 OUTPUT_RECORD = "predict.json"
 # A question whose windows hold no valid span always answers "": its null odds are the largest
 # float JSON can carry portably (Infinity is not JSON).
@@ -111,8 +111,8 @@ def write_outputs(
 ) -> dict[str, str]:
     """predictions.json, null_odds.json and (given) nbest_predictions.json in out_dir, each written
     atomically; returns their paths by name. A `record` (predict.py's: what wrote the directory,
-    from what) is written first, as OUTPUT_RECORD: the mark output_rules reads to let a later run
-    fill the same directory again."""
+    from what) is written first, as OUTPUT_RECORD: the mark files.check_new_directory reads to let
+    a later run fill the same directory again."""
     out_dir.mkdir(parents=True, exist_ok=True)
     if record is not None:
         write_text_atomic(out_dir / OUTPUT_RECORD, json.dumps(record))

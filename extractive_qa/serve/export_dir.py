@@ -14,8 +14,7 @@ from pathlib import Path
 from extractive_qa import reading
 from extractive_qa.data import squad_files
 from extractive_qa.errors import DataError
-from extractive_qa.files import ROOT, copy_plain_file, shared_mode
-from extractive_qa.output_rules import check_new_directory, check_outputs
+from extractive_qa.files import ROOT, check_new_directory, check_outputs, copy_plain_file, shared_mode
 from extractive_qa.qa import model_card
 from extractive_qa.serve import onnx_model
 from extractive_qa.serve.model_dir import find_hf_dir
