@@ -72,7 +72,7 @@ def end_to_end(predictor: Predictor, examples: list, single: int) -> dict[str, A
     start, end = predictor.logits(features)
     sync(predictor.device)
     t2 = time.perf_counter()
-    predictor.extract(examples, features, start, end)
+    predictor.settings.extract_answers(examples, features, start, end, predictor.null_threshold)
     t3 = time.perf_counter()
     total = t3 - t0
     batch = {

@@ -7,7 +7,8 @@ The plan's look at a model's class, the trial's pretrained encoder, a resume's e
 predict.py's and export.py's hf/ model (`load_qa_model`) load a local directory through here, so
 transformers builds models from bytes the reader checked and never opens the directory's files
 itself (tests/test_model_files.py trains, resumes, answers and exports from directories and fails
-if transformers is handed one). A hub name is downloaded and read by transformers.
+if transformers is handed one). A hub name is downloaded and read by transformers. What a config
+says of the windows its model takes (`position_limit`) is read here too.
 """
 
 from __future__ import annotations
@@ -35,6 +36,19 @@ DTYPES = {"F64": ("float64", 8), "F32": ("float32", 4), "F16": ("float16", 2), "
           "U8": ("uint8", 1), "BOOL": ("bool", 1)}  # fmt: skip
 FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
 SAVE_AGAIN = "save the model again with save_pretrained"  # what to do about a pretrained model's files
+
+
+def position_limit(raw: dict[str, Any]) -> int | None:
+    """How many tokens a window may hold under config.json's object `raw` (its absolute
+    positions); None where it has relative positions only, or says nothing of them."""
+    if raw.get("position_biased_input") is False:  # DeBERTa-v2/v3: relative positions only
+        return None
+    limit = raw.get("max_position_embeddings")
+    if not isinstance(limit, int) or limit <= 0:
+        return None
+    if raw.get("model_type") in ("roberta", "xlm-roberta", "camembert", "longformer", "bart"):
+        limit -= int(raw.get("pad_token_id") or 1) + 1  # positions start after the padding index
+    return limit
 
 
 def config_json(directory: Path) -> dict[str, Any]:

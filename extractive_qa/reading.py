@@ -21,6 +21,7 @@ import math
 import os
 import re
 import stat
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -193,6 +194,17 @@ def read_bytes(
             f"{shown or path}: grew past {cap / MIB:,.0f} MiB while it was read; {_limit_text(kind, cap)}."
         )
     return data
+
+
+def read_present(directory: Path, names: Iterable[str], kind: Kind) -> dict[str, bytes]:
+    """Each of `names` that `directory` holds, read once through read_bytes (name -> bytes); a
+    link is read as read_bytes reads one, never skipped as absent."""
+    present = {}
+    for name in names:
+        path = directory / name
+        if path.exists() or path.is_symlink():
+            present[name] = read_bytes(path, kind)
+    return present
 
 
 def _read_now(file: BinaryIO, size: int) -> bytes:

@@ -319,7 +319,7 @@ def test_null_threshold_tuned_without_a_tuned_threshold_is_refused_before_the_mo
     def loaded(*args: object, **kwargs: object) -> None:
         raise AssertionError("the model or tokenizer was loaded before the check")
 
-    monkeypatch.setattr(model_dir, "load_tokenizer", loaded)
+    monkeypatch.setattr(model_dir, "directory_tokenizer", loaded)
     monkeypatch.setattr(model_files, "load_qa_model", loaded)
     code, out, err = run_main(["predict.py", "--checkpoint", str(planted), "--question", "Who won?",
                                "--context", "Denver won.", "--null-threshold", "tuned"])  # fmt: skip

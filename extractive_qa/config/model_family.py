@@ -41,22 +41,9 @@ def model_position_limit(pretrained: str) -> int | None:
     if not config.is_file():
         return None  # a hub name not downloaded yet: checked when the model loads
     try:
-        return position_limit(reading.read_json_object(config, reading.MODEL_FILE))
+        return model_files.position_limit(reading.read_json_object(config, reading.MODEL_FILE))
     except reading.UnreadableFile as err:
         raise ConfigError(f"data.pretrained_model: {err}") from None
-
-
-def position_limit(raw: dict[str, Any]) -> int | None:
-    """How many tokens a window may hold under config.json's object `raw` (its absolute
-    positions); None where it has relative positions only, or says nothing of them."""
-    if raw.get("position_biased_input") is False:  # DeBERTa-v2/v3: relative positions only
-        return None
-    limit = raw.get("max_position_embeddings")
-    if not isinstance(limit, int) or limit <= 0:
-        return None
-    if raw.get("model_type") in ("roberta", "xlm-roberta", "camembert", "longformer", "bart"):
-        limit -= int(raw.get("pad_token_id") or 1) + 1  # positions start after the padding index
-    return limit
 
 
 def qa_class(config: Any, pretrained: str) -> type:

@@ -36,37 +36,44 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "chat_template.jinja", "chat_template.json")  # fmt: skip
 
 
-def private_tokenizer_files(
-    directory: Path, read: Mapping[str, bytes] | None = None
-) -> tempfile.TemporaryDirectory:
-    """The tokenizer files of `directory`, each read once through the reader (a regular file within
-    a model file's limit, or a one-line refusal naming it) and written into a new directory that
-    only this user can open (mkdtemp: 0700). transformers then reads the very bytes the reader
-    checked: a file swapped for a pipe or a larger one after the check never reaches it. `read`:
-    files the caller read through the reader already (name -> bytes), copied from those bytes."""
+def private_tokenizer_files(files: Mapping[str, bytes]) -> tempfile.TemporaryDirectory:
+    """A new directory that only this user can open (mkdtemp: 0700) holding `files` (name ->
+    bytes, read through the reader: `reading.read_present(directory, TOKENIZER_FILES, ...)`).
+    transformers then reads the very bytes the reader checked: a file swapped for a pipe or a
+    larger one after the check never reaches it."""
     private = tempfile.TemporaryDirectory(prefix="tokenizer-")
     try:
-        for name in TOKENIZER_FILES:
-            path = directory / name
-            if read and name in read:
-                (Path(private.name) / name).write_bytes(read[name])
-            elif path.exists() or path.is_symlink():
-                (Path(private.name) / name).write_bytes(reading.read_bytes(path, reading.MODEL_FILE))
+        for name, data in files.items():
+            (Path(private.name) / name).write_bytes(data)
     except BaseException:
         private.cleanup()
         raise
     return private
 
 
-def load_tokenizer(name: str, local_only: bool = False, read: Mapping[str, bytes] | None = None) -> Any:
+def load_tokenizer(name: str, local_only: bool = False) -> Any:
     """The model's fast tokenizer; `local_only`: from this machine only (no hub request). A local
-    directory's files are loaded from a private copy (`private_tokenizer_files`; `read`: its files
-    the caller read already), kept while the tokenizer lives: a fast tokenizer may name its
-    vocabulary file again when it is saved."""
+    directory's files are loaded from a private copy (`private_tokenizer_files`), kept while the
+    tokenizer lives: a fast tokenizer may name its vocabulary file again when it is saved."""
+    source = resolve_pretrained(name) if local_only else loadable_pretrained(name)
+    if not Path(source).is_dir():
+        return _fast_tokenizer(source, name, local_only, None)
+    files = reading.read_present(Path(source), TOKENIZER_FILES, reading.MODEL_FILE)
+    return _fast_tokenizer(source, name, local_only, files)
+
+
+def directory_tokenizer(directory: Path, files: Mapping[str, bytes]) -> Any:
+    """The fast tokenizer of a model directory (a checkpoint's hf/: nothing to resolve, no hub
+    request) from its tokenizer files, read already (`files`), as load_tokenizer loads one."""
+    return _fast_tokenizer(str(directory), str(directory), True, files)
+
+
+def _fast_tokenizer(source: str, name: str, local_only: bool, files: Mapping[str, bytes] | None) -> Any:
+    """load_tokenizer's loading of `name`, resolved to `source`: a hub name, or a directory whose
+    tokenizer `files` are loaded from a private copy."""
     from transformers import AutoTokenizer
 
-    source = resolve_pretrained(name) if local_only else loadable_pretrained(name)
-    private = private_tokenizer_files(Path(source), read) if Path(source).is_dir() else None
+    private = private_tokenizer_files(files) if files is not None else None
     try:
         loaded_from = private.name if private is not None else source
         tokenizer = AutoTokenizer.from_pretrained(loaded_from, local_files_only=local_only)

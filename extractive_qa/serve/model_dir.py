@@ -6,15 +6,17 @@ reachable) or a checkpoint's s3:// or gs:// URL (`find_hf_dir`).
 
 What it holds is checked as a whole, in the order a reader meets it, so that a folder that cannot
 answer is refused -- naming the file and what to do -- before any weights are read: the settings
-(qa_settings.json) first; then, before anything large loads, the files the chosen runtime needs
-(tokenizer.json; model.safetensors for PyTorch, or export.py's ONNX file); then the window length
-against the model's positions; the tokenizer against the vocabulary the run trained with; the
-weights through model_files' checked reader; the tokenizer against the model's embeddings.
+(qa_settings.json) first, and --null-threshold against them; then, before anything large loads,
+the files the chosen runtime needs (tokenizer.json; model.safetensors for PyTorch, or export.py's
+ONNX file); then config.json and the tokenizer files, each read once: the window length against
+the model's positions, the tokenizer against the vocabulary the run trained with; the weights
+through model_files' checked reader; the tokenizer against the model's embeddings.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import re
 import sys
@@ -24,8 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from extractive_qa import buckets, model_files, reading
-from extractive_qa.config.model_family import position_limit
-from extractive_qa.data.features import load_tokenizer, vocabulary_sha256
+from extractive_qa.data.features import TOKENIZER_FILES, directory_tokenizer, vocabulary_sha256
 from extractive_qa.errors import DataError
 from extractive_qa.private_dir import cached_download
 from extractive_qa.qa import qa_settings
@@ -37,11 +38,11 @@ UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12
 def find_hf_dir(checkpoint: str) -> Path:
     """The hf/ export inside a checkpoint (downloading a UUID through the Determined SDK, an
     s3:// or gs:// URL from its bucket)."""
-    if buckets.is_url(checkpoint):
-        return _hf_dir_of(buckets.cached_checkpoint(checkpoint, "--checkpoint", part="hf"), checkpoint)
     path = Path(checkpoint)
-    if not path.exists() and UUID.match(checkpoint):
+    if not path.exists() and UUID.match(checkpoint):  # a UUID is never a URL
         path = download_checkpoint(checkpoint)
+    elif buckets.is_url(checkpoint):
+        path = buckets.cached_checkpoint(checkpoint, "--checkpoint", part="hf")
     if not path.is_dir():
         raise DataError(f"--checkpoint {checkpoint}: {_not_a_directory(path)}")
     return _hf_dir_of(path, checkpoint)
@@ -152,17 +153,45 @@ RUNTIMES = ("torch", *RUNTIME_FILES)
 
 
 class ModelDir:
-    """The folder `checkpoint` names, its settings read and its files checked for `runtime`."""
+    """The folder `checkpoint` names, its settings read, --null-threshold (`null_threshold`)
+    checked against them, its files checked for `runtime` and its tokenizer loaded."""
 
-    def __init__(self, checkpoint: str, runtime: str = "torch") -> None:
+    def __init__(self, checkpoint: str, runtime: str = "torch", null_threshold: str | None = None) -> None:
         self.checkpoint, self.runtime = checkpoint, runtime
         self.hf = find_hf_dir(checkpoint)
         self.settings = qa_settings.QASettings.load(self.hf)
         self.shown = f"--checkpoint {checkpoint}"
+        self.null_threshold = self._null_threshold(null_threshold)  # before any large read
         self._check_files()
 
+    def _null_threshold(self, choice: str | None) -> float | None:
+        """--null-threshold: `tuned` (the checkpoint's best_f1 threshold), a number, or (None) the
+        run's data.null_score_diff_threshold."""
+        if choice is None:
+            return None
+        if self.settings.squad_version != "2.0":
+            raise DataError(
+                "--null-threshold: this checkpoint answers SQuAD v1.1 (no unanswerable questions); "
+                "the no-answer threshold applies to v2.0 models only."
+            )
+        if choice == "tuned":
+            if self.settings.tuned_null_threshold is None:
+                raise DataError(
+                    "--null-threshold tuned: this checkpoint holds no tuned threshold (it was saved "
+                    "before any SQuAD v2.0 validation); give a number instead."
+                )
+            return float(self.settings.tuned_null_threshold)
+        try:
+            value = float(choice)
+        except ValueError:
+            value = float("nan")
+        if not math.isfinite(value):
+            raise DataError(f"--null-threshold: expected `tuned` or a number, got {choice!r}.")
+        return value
+
     def _check_files(self) -> None:
-        """What the runtime reads is there, and the windows fit the model (no large read yet)."""
+        """What the runtime reads is there, the windows fit the model, and the tokenizer is the
+        one the run trained with (no large read yet)."""
         hf = self.hf
         if not (hf / "tokenizer.json").is_file():  # without it transformers builds a stand-in
             raise DataError(
@@ -176,14 +205,23 @@ class ModelDir:
                 f"--runtime {self.runtime}: {hf} has no {RUNTIME_FILES[self.runtime]}; write it with "
                 "`python3 export.py --checkpoint CHECKPOINT --out DIR` and pass --checkpoint DIR."
             )
-        # config.json read once: the PyTorch model is built from it, the tokenizer's copy holds it.
-        self.config_file = reading.read_bytes(hf / model_files.CONFIG, reading.MODEL_FILE)
-        self.config_json = reading.json_object(self.config_file, hf / model_files.CONFIG)
-        spec, limit = self.settings.window_spec, position_limit(self.config_json)
+        # The small files read once: the tokenizer loads from a copy of these bytes, and the
+        # PyTorch model is built from config.json's.
+        self.small_files = reading.read_present(hf, TOKENIZER_FILES, reading.MODEL_FILE)
+        self.config_json = reading.json_object(self.small_files[model_files.CONFIG], hf / model_files.CONFIG)
+        spec, limit = self.settings.window_spec, model_files.position_limit(self.config_json)
         if limit is not None and spec.max_seq_length > limit:
             raise DataError(
                 f"{hf / qa_settings.QA_SETTINGS}: max_seq_length {spec.max_seq_length} is above "
                 f"the model's {limit} positions; the file is damaged or edited: re-export the checkpoint."
+            )
+        self.tokenizer = directory_tokenizer(hf, self.small_files)
+        saved = self.settings.vocabulary_sha256
+        if saved is not None and vocabulary_sha256(self.tokenizer) != saved:
+            raise DataError(
+                f"{self.shown}: {hf / 'tokenizer.json'} is not the tokenizer this model was "
+                f"trained with (its vocabulary differs from the one {qa_settings.QA_SETTINGS} "
+                "records); copy the checkpoint's hf/ again."
             )
 
     def _check_torch_weights(self) -> None:
@@ -205,20 +243,8 @@ class ModelDir:
                 "weights as one safetensors file); copy the checkpoint again."
             )
 
-    def tokenizer(self) -> Any:
-        """The folder's tokenizer, refused when its vocabulary is not the one the run trained with."""
-        tokenizer = load_tokenizer(str(self.hf), read={model_files.CONFIG: self.config_file})
-        saved = self.settings.vocabulary_sha256
-        if saved is not None and vocabulary_sha256(tokenizer) != saved:
-            raise DataError(
-                f"{self.shown}: {self.hf / 'tokenizer.json'} is not the tokenizer this model was "
-                f"trained with (its vocabulary differs from the one {qa_settings.QA_SETTINGS} "
-                "records); copy the checkpoint's hf/ again."
-            )
-        return tokenizer
-
-    def torch_model(self, tokenizer: Any) -> Any:
-        """The PyTorch model from the checked weights, refused when `tokenizer` is not its own."""
+    def torch_model(self) -> Any:
+        """The PyTorch model from the checked weights, refused when the tokenizer is not its own."""
         try:
             model = model_files.load_qa_model(self.hf, self.config_json)
         except DataError:
@@ -229,7 +255,7 @@ class ModelDir:
                 f"{self.shown}: cannot load the model in {self.hf} ({reason}); the weights may be "
                 "damaged or cut short: copy the checkpoint again."
             ) from None
-        vocabulary, embeddings = len(tokenizer), model.get_input_embeddings().num_embeddings
+        vocabulary, embeddings = len(self.tokenizer), model.get_input_embeddings().num_embeddings
         if not embeddings // 2 <= vocabulary <= embeddings:  # models may pad embeddings, not halve them
             raise DataError(
                 f"{self.shown}: its tokenizer has {vocabulary} tokens, its model {embeddings} "

@@ -5,7 +5,6 @@ PyTorch, or in ONNX Runtime from a directory export.py wrote (serve.onnx_model).
 
 from __future__ import annotations
 
-import math
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -56,16 +55,16 @@ class Predictor:
         runtime: str = "torch",
         null_threshold: str | None = None,
     ):
-        folder = ModelDir(checkpoint, runtime)  # every check of the folder: serve.model_dir
+        # Every check of the folder, and of --null-threshold against it: serve.model_dir.
+        folder = ModelDir(checkpoint, runtime, null_threshold)
         self.hf, self.runtime, self.settings = folder.hf, runtime, folder.settings
-        self.null_threshold_from(null_threshold)  # before any tokenizer or weights load
-        self.tokenizer = folder.tokenizer()
+        self.null_threshold, self.tokenizer = folder.null_threshold, folder.tokenizer
         self.spec = self.settings.window_spec
         self.batch_size = batch_size or self.settings.eval_batch_size
-        if runtime == "torch":
-            self.forward = self._torch_model(folder, device, precision)
-        else:
+        if runtime != "torch":
             self.forward = self._onnx_model(folder, device, precision)
+        else:
+            self.forward = self._torch_model(folder, device, precision)
 
     def _onnx_model(
         self, folder: ModelDir, device: str | None, precision: str | None
@@ -99,7 +98,7 @@ class Predictor:
             self.precision = "fp32"
         if self.device.type == "cuda":
             mixed_precision.configure_cuda_math(self.settings.tf32)
-        model = folder.torch_model(self.tokenizer)
+        model = folder.torch_model()
         if self.precision in mixed_precision.AUTOCAST_DTYPES:
             mixed_precision.fp32_logits(model)
         self.model = model.to(self.device).eval()
@@ -136,40 +135,8 @@ class Predictor:
         """The answers, and (`nbest`) each question's n-best spans from the same logits."""
         features = self.features(examples)
         start, end = self.logits(features)
-        answers = self.extract(examples, features, start, end)
+        answers = self.settings.extract_answers(examples, features, start, end, self.null_threshold)
         return answers, self.settings.nbest(examples, features, start, end) if nbest else None
 
     def features(self, examples: Sequence[squad_files.Example]) -> Features:
         return build_features(examples, self.tokenizer, self.spec, labels=False, offsets=True)
-
-    def extract(
-        self, examples: Sequence[squad_files.Example], features: Features, start: np.ndarray, end: np.ndarray
-    ) -> Answers:
-        return self.settings.extract_answers(examples, features, start, end, self.null_threshold)
-
-    def null_threshold_from(self, choice: str | None) -> None:
-        """--null-threshold: `tuned` (the checkpoint's best_f1 threshold), a number, or (None) the
-        run's data.null_score_diff_threshold."""
-        self.null_threshold: float | None = None
-        if choice is None:
-            return
-        if self.settings.squad_version != "2.0":
-            raise DataError(
-                "--null-threshold: this checkpoint answers SQuAD v1.1 (no unanswerable questions); "
-                "the no-answer threshold applies to v2.0 models only."
-            )
-        if choice == "tuned":
-            if self.settings.tuned_null_threshold is None:
-                raise DataError(
-                    "--null-threshold tuned: this checkpoint holds no tuned threshold (it was saved "
-                    "before any SQuAD v2.0 validation); give a number instead."
-                )
-            self.null_threshold = float(self.settings.tuned_null_threshold)
-            return
-        try:
-            value = float(choice)
-        except ValueError:
-            value = float("nan")
-        if not math.isfinite(value):
-            raise DataError(f"--null-threshold: expected `tuned` or a number, got {choice!r}.")
-        self.null_threshold = value
