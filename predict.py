@@ -102,30 +102,27 @@ def check_writes(args: argparse.Namespace) -> None:
         )
 
 
-def answer_one(predictor: Predictor, question: str, context: str) -> dict[str, Any]:
-    """One question over one context: the answer, its score and its character span."""
-    answers = predictor.answer([squad_files.Example("question", question, context, [])])
-    start, end = int(answers.start[0]), int(answers.end[0])
-    return {"answer": answers.text["question"], "score": float(answers.score[0]), "start": max(start, 0),
-            "end": max(end, 0)}  # fmt: skip
-
-
-def answer_file(
-    predictor: Predictor, squad: squad_files.SquadSet, args: argparse.Namespace
+def answers_of(
+    predictor: Predictor, args: argparse.Namespace, squad: squad_files.SquadSet | None
 ) -> dict[str, Any]:
-    """Every question of --squad, written to --out (id -> answer) and/or --out-dir (predictions,
-    null odds, n-best)."""
-    if squad.version == "2.0" and predictor.settings.squad_version == "1.1":
+    """--question over --context: the answer, its score and its character span. --squad: every
+    question, written to --out (id -> answer) and/or --out-dir (predictions, null odds, n-best)."""
+    if squad is not None and squad.version == "2.0" and predictor.settings.squad_version == "1.1":
         print(f"predict: warning: {args.squad} is SQuAD v2.0, but this checkpoint was trained on v1.1: it "
               "never answers \"\" and unanswerable questions count as wrong.", file=sys.stderr)  # fmt: skip
-    answers, nbest = predictor.answer_with_nbest(squad.examples, nbest=args.out_dir is not None)
+    examples = squad.examples if squad else [squad_files.Example("question", args.question, args.context, [])]
+    answers, nbest = predictor.answer_with_nbest(examples, nbest=args.out_dir is not None)
+    if squad is None:
+        start, end = int(answers.start[0]), int(answers.end[0])
+        return {"answer": answers.text["question"], "score": float(answers.score[0]),
+                "start": max(start, 0), "end": max(end, 0)}  # fmt: skip
     result: dict[str, Any] = {"questions": len(answers.text), "null_threshold": predictor.null_threshold}
     if args.out:
         write_text_atomic(args.out, json.dumps(answers.text, ensure_ascii=False))
         result["predictions"] = str(args.out)
     if args.out_dir:
         record = {"written_by": "predict.py", "checkpoint": str(args.checkpoint), "squad": str(args.squad)}
-        result |= outputs.write_outputs(args.out_dir, squad.examples, answers, nbest, record)
+        result |= outputs.write_outputs(args.out_dir, examples, answers, nbest, record)
     return result
 
 
@@ -142,11 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     squad = None if args.single else squad_files.load_squad(args.squad, training=False)
     predictor = Predictor(args.checkpoint, args.device, args.batch_size, args.precision, args.runtime,
                           null_threshold=args.null_threshold)  # fmt: skip
-    if squad is None:
-        result = answer_one(predictor, args.question, args.context)
-    else:
-        result = answer_file(predictor, squad, args)
-    print(json.dumps(result, ensure_ascii=False))
+    print(json.dumps(answers_of(predictor, args, squad), ensure_ascii=False))
     return 0
 
 
