@@ -285,21 +285,39 @@ def test_resume_latest_continues_only_your_own_checkpoints(trained, tmp_path: Pa
     assert "skipped 1 checkpoint(s)" in caplog.text and "their-checkpoint" in caplog.text
 
 
-def test_a_resume_from_a_directory_says_where_it_goes_on_and_nothing_unexplained(
-    trained, tmp_path: Path, caplog
+def test_a_resume_from_a_directory_says_where_it_goes_on_and_reads_each_record_once(
+    trained, tmp_path: Path, caplog, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """--resume DIR logged no "continuing from ... at batch N" (only --resume auto did), and every
     resume printed Determined's "Ignoring partial checkpoint download from shared_fs", although
-    nothing is partial (det_internals.quiet_shared_fs_selector_warning)."""
+    nothing is partial (det_internals.quiet_shared_fs_selector_warning). Each file of the
+    checkpoint, or of the checked copy the resume makes of it, is opened once: the rewrite hands
+    what it parsed to the identity checks (experiment.json was parsed three to four times)."""
     import logging
+
+    from extractive_qa import reading
+    from extractive_qa.private_dir import private_root
 
     checkpoint, _ = trained
     caplog.set_level(logging.INFO)
     from tests.support.project import trained_config
 
+    opened: list[Path] = []
+    real = reading.open_regular
+
+    def counted(path: Path | str, *args: object, **kwargs: object) -> object:
+        opened.append(Path(os.path.realpath(path)))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(reading, "open_regular", counted)
     args = ["--config", str(trained_config(checkpoint)), "--resume", str(checkpoint), "--batches", "7",
             "--checkpoint-dir", str(tmp_path / "c")]  # fmt: skip
     code, _, err = run_train(args)
     assert code == 0, err[-2000:]
     assert f"--resume {checkpoint}: continuing from {checkpoint} at batch 6" in caplog.text
     assert "Ignoring partial checkpoint download" not in caplog.text + err
+    roots = [Path(os.path.realpath(checkpoint)), Path(os.path.realpath(private_root()))]
+    read = [path for path in opened if any(path.is_relative_to(root) for root in roots)]
+    assert any(path.name == "experiment.json" for path in read), opened
+    again = sorted({str(path) for path in read if read.count(path) > 1})
+    assert not again, f"opened more than once: {again}"
