@@ -110,7 +110,8 @@ def answers_of(
     if squad is not None and squad.version == "2.0" and predictor.settings.squad_version == "1.1":
         print(f"predict: warning: {args.squad} is SQuAD v2.0, but this checkpoint was trained on v1.1: it "
               "never answers \"\" and unanswerable questions count as wrong.", file=sys.stderr)  # fmt: skip
-    examples = squad.examples if squad else [squad_files.Example("question", args.question, args.context, [])]
+    question = squad_files.Example("question", args.question, args.context, [])
+    examples = squad.examples if squad is not None else [question]
     answers, nbest = predictor.answer_with_nbest(examples, nbest=args.out_dir is not None)
     if squad is None:
         start, end = int(answers.start[0]), int(answers.end[0])

@@ -56,9 +56,8 @@ def load_tokenizer(name: str, local_only: bool = False) -> Any:
     directory's files are loaded from a private copy (`private_tokenizer_files`), kept while the
     tokenizer lives: a fast tokenizer may name its vocabulary file again when it is saved."""
     source = resolve_pretrained(name) if local_only else loadable_pretrained(name)
-    if not Path(source).is_dir():
-        return _fast_tokenizer(source, name, local_only, None)
-    files = reading.read_present(Path(source), TOKENIZER_FILES, reading.MODEL_FILE)
+    local = Path(source).is_dir()
+    files = reading.read_present(Path(source), TOKENIZER_FILES, reading.MODEL_FILE) if local else None
     return _fast_tokenizer(source, name, local_only, files)
 
 
