@@ -32,7 +32,7 @@ from extractive_qa.data.batching import forward_params, model_inputs
 from extractive_qa.files import ROOT
 from extractive_qa.launch import process as launch
 from extractive_qa.qa import mixed_precision
-from extractive_qa.trial import dropout_masks, model_io, optimization
+from extractive_qa.trial import cpu_allocator, dropout_masks, model_io, optimization
 
 BERT_BASE = dict(
     vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072
@@ -91,6 +91,8 @@ class Loop:
         launch.seed_everything(SEED)  # as train.py seeds before the trial builds its model
         if device.type == "cuda":
             mixed_precision.configure_cuda_math(rung.tf32)
+        else:
+            cpu_allocator.keep_freed_memory()  # as the trial does (model_setup)
         model, _, _ = model_io.load_qa_model(model_path, **load_model_kwargs(rung.attn))
         if rung.precision in mixed_precision.AUTOCAST_DTYPES:
             mixed_precision.fp32_logits(model)  # as the trial does

@@ -46,3 +46,15 @@ def enable_activation_checkpointing(model: Any, context_fn: Any = None) -> None:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def fused_adamw(device_type: str) -> bool:
+    """Whether torch's fused AdamW kernel (each parameter's update in one pass) runs on this device:
+    CUDA on both stacks; the CPU from torch 2.4 on -- torch 2.3's AdamW refuses `fused=True` for CPU
+    tensors. Where it does not run, the trial takes the foreach implementation (the same update)."""
+    import torch
+
+    if device_type == "cuda":
+        return True
+    major, minor = (int(part) for part in torch.__version__.split(".")[:2])
+    return device_type == "cpu" and (major, minor) >= (2, 4)

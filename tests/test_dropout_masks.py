@@ -26,7 +26,7 @@ def test_masks_keep_one_minus_p_and_scale_to_keep_the_mean() -> None:
     kept = (y != 0).double().mean().item()
     sigma = math.sqrt(0.1 * 0.9 / x.numel())
     assert abs(kept - 0.9) < 5 * sigma
-    assert y.unique().tolist() == pytest.approx([0.0, 2**32 / (2**32 - round(0.1 * 2**32))])
+    assert y.unique().tolist() == pytest.approx([0.0, 2**16 / (2**16 - round(0.1 * 2**16))])
     assert y.mean().item() == pytest.approx(1.0, abs=5 * sigma / 0.9)
     # p = 1 drops everything; the dtype stays (bf16 activations stay bf16)
     with dropout_masks.masks("fast", "cpu"):
@@ -99,8 +99,57 @@ def test_attention_is_sdpa_with_these_masks(mask_kind: str) -> None:
     keep, scale = dropout_masks.keep_mask((2, 4, 7, 7), 0.2)
     scores = (q @ k.transpose(-2, -1)) / math.sqrt(8)
     scores = scores.masked_fill(~allowed, torch.finfo(torch.float32).min)
-    probs = torch.where(keep, scores.softmax(-1) * scale, 0.0)
+    probs = torch.where(keep.bool(), scores.softmax(-1) * scale, 0.0)
     assert torch.allclose(got, probs @ v, atol=1e-5)
+
+
+@pytest.mark.parametrize("mask_kind", ["bool", "additive", "causal"])
+def test_attentions_written_out_backward_is_autograds(mask_kind: str) -> None:
+    """The attention function's own backward pass gives autograd's gradients of the same maths
+    (softmax, the mask on the probabilities, the scale), for q, k and v, in float64."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 6, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    allowed = torch.rand(2, 1, 6, 6) > 0.3
+    allowed[..., 0] = True
+    mask = {"bool": allowed, "additive": torch.where(allowed, 0.0, -1e9).double(), "causal": None}[mask_kind]
+    causal = mask_kind == "causal"
+    torch.manual_seed(4)
+    got = dropout_masks.attention(q, k, v, attn_mask=mask, dropout_p=0.3, is_causal=causal, scale=0.7)
+    grads = torch.autograd.grad(got.square().sum(), (q, k, v))
+    torch.manual_seed(4)
+    keep, scale = dropout_masks.keep_mask((2, 3, 6, 6), 0.3)
+    scores = q @ k.transpose(-2, -1) * 0.7
+    if causal:
+        scores = scores.masked_fill(torch.ones(6, 6, dtype=torch.bool).triu(1), -1e300)
+    elif mask_kind == "bool":
+        scores = scores.masked_fill(~allowed, -1e300)
+    else:
+        scores = scores + mask
+    expected = (scores.softmax(-1) * keep * scale) @ v
+    assert torch.allclose(got, expected, atol=1e-12)
+    for ours, theirs in zip(grads, torch.autograd.grad(expected.square().sum(), (q, k, v)), strict=True):
+        assert torch.allclose(ours, theirs, atol=1e-10)
+
+
+def test_a_mask_does_not_depend_on_the_threads_that_drew_it() -> None:
+    """A large mask's halves are fixed streams of its seed: one thread or two, the same mask; the
+    halves differ from each other (two streams, not one repeated)."""
+    shape = (4, 64, 512)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        torch.manual_seed(11)
+        alone, scale = dropout_masks.keep_mask(shape, 0.1)
+        torch.set_num_threads(2)
+        torch.manual_seed(11)
+        together, _ = dropout_masks.keep_mask(shape, 0.1)
+    finally:
+        torch.set_num_threads(threads)
+    assert alone.dtype == torch.uint8 and torch.equal(alone, together)
+    flat = alone.flatten()
+    half = flat.numel() // 2
+    assert not torch.equal(flat[:half], flat[half:])
+    assert scale == 2**16 / (2**16 - round(0.1 * 2**16))
 
 
 def _loss_and_grads(model_dir: Path, checkpointing: bool, choice: str) -> tuple[float, torch.Tensor]:

@@ -84,3 +84,34 @@ def test_lr_schedule_values() -> None:
         0.125,
         0.0,
     ]
+
+
+@pytest.mark.cluster_stack  # torch 2.3 has no CPU fused AdamW: the foreach one is taken there
+def test_the_cpu_adamw_is_the_fused_kernel_where_torch_has_it_and_takes_the_same_steps() -> None:
+    """On the CPU the trial's AdamW is torch's fused kernel (one pass per parameter) where torch
+    has one, and it takes foreach AdamW's steps, decay groups included."""
+    from extractive_qa import compat
+    from extractive_qa.trial.optimization import build_optimizer
+
+    hp = Hyperparameters(weight_decay=0.01)
+
+    def trained(fused: bool | None) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.LayerNorm(16), torch.nn.Linear(16, 2))
+        opt = build_optimizer(model, hp, 1e-2, torch.device("cpu"))
+        if fused is not None:
+            for group in opt.param_groups:
+                group.update(fused=fused or None, foreach=not fused)
+        for step in range(5):
+            model.zero_grad()
+            model(torch.randn(4, 8, generator=torch.Generator().manual_seed(step))).square().sum().backward()
+            opt.step()
+        return [p.detach().clone() for p in model.parameters()]
+
+    built = build_optimizer(torch.nn.Linear(2, 2), hp, 1e-3, torch.device("cpu"))
+    assert bool(built.defaults["fused"]) == compat.fused_adamw("cpu")
+    torch_version = tuple(int(part) for part in torch.__version__.split(".")[:2])
+    assert compat.fused_adamw("cpu") == (torch_version >= (2, 4)) and compat.fused_adamw("cuda")
+    if compat.fused_adamw("cpu"):
+        for ours, foreach in zip(trained(None), trained(False), strict=True):
+            assert torch.allclose(ours, foreach, rtol=1e-6, atol=1e-7)

@@ -17,7 +17,7 @@ from extractive_qa.config.run_plan import RunPlan
 from extractive_qa.data.batching import forward_params
 from extractive_qa.errors import ConfigError
 from extractive_qa.qa import mixed_precision
-from extractive_qa.trial import dropout_masks, model_io
+from extractive_qa.trial import cpu_allocator, dropout_masks, model_io
 
 logger = logging.getLogger("squad")
 
@@ -34,6 +34,8 @@ def prepare_model(context: Any, plan: RunPlan, precision: str, precision_why: st
     hp, model_name = plan.hparams, plan.data.pretrained_model
     if context.device.type == "cuda":
         mixed_precision.configure_cuda_math(hp.tf32)
+    else:
+        cpu_allocator.keep_freed_memory()  # a step reuses the memory the last one freed
     try:
         model, loaded, load_warnings = model_io.load_qa_model(
             loadable_pretrained(model_name), **load_model_kwargs(plan.attention)
