@@ -35,13 +35,14 @@ from extractive_qa.data.feature_cache import prepare_features
 from extractive_qa.data.features import Features, load_tokenizer
 from extractive_qa.data.squad_files import (
     SquadSet,
+    check_version,
     default_download_dir,
     first_examples,
     load_squad,
 )
 from extractive_qa.data.squad_formats import write_squad
-from extractive_qa.errors import ConfigError, DataError
-from extractive_qa.files import check_output_file, check_outputs, command_error
+from extractive_qa.errors import DataError
+from extractive_qa.io.files import check_output_file, check_outputs, command_error
 
 logger = logging.getLogger("squad")
 
@@ -69,11 +70,7 @@ def load_run_data(settings: DataSettings, spec: WindowSpec, rank: int) -> RunDat
     train_set = first_examples(load_squad(settings.train_file, training=True), settings.max_train_examples)
     val_set = first_examples(load_squad(settings.validation_file, training=False), settings.max_eval_examples)
     for name, squad in (("train_file", train_set), ("validation_file", val_set)):
-        if squad.version == "2.0" and settings.squad_version != "2.0":
-            raise ConfigError(
-                f"data.{name} ({squad.path}) is SQuAD v2.0 but data.squad_version is 1.1; "
-                "set data.squad_version: 2.0."
-            )
+        check_version(squad, settings.squad_version, f"data.{name}")
     if train_set.misplaced and rank == 0:
         logger.warning("data.train_file: %s", train_set.misplaced_note(10))
     train_features, train_cache = prepare_features(train_set, tokenizer, model_name, spec, "train", cache_dir)

@@ -11,7 +11,6 @@ import functools
 import logging
 from typing import Any
 
-import determined as det
 import numpy as np
 import torch
 from determined import pytorch
@@ -23,7 +22,7 @@ from extractive_qa.data.batching import model_inputs
 from extractive_qa.data.features import vocabulary_sha256
 from extractive_qa.errors import ConfigError
 from extractive_qa.qa import mixed_precision, model_card, qa_settings
-from extractive_qa.resume.identity import run_identity
+from extractive_qa.resume.identity import run_identity, run_settings
 from extractive_qa.trial import dropout_masks, model_setup, perf_metrics, span_loss
 from extractive_qa.trial.callbacks import (
     CheckpointRecord,
@@ -31,7 +30,6 @@ from extractive_qa.trial.callbacks import (
     RankRandomState,
     RecipeOptions,
     RunLog,
-    SearcherStop,
     TrialExtras,
 )
 from extractive_qa.trial.evaluation import SquadEvaluator, score_validation
@@ -43,6 +41,8 @@ logger = logging.getLogger("squad")
 
 
 class SquadTrial(pytorch.PyTorchTrial):
+    extras: TrialExtras  # from the run's driver (add_extras), before fit
+
     def __init__(self, context: pytorch.PyTorchTrialContext) -> None:
         self.context = context
         self.run_log = RunLog(context)
@@ -74,11 +74,13 @@ class SquadTrial(pytorch.PyTorchTrial):
         samples_per_step = self.plan.hparams.global_batch_size * agg
         throughput = perf_metrics.TrainingThroughput(context.device, size, samples_per_step, agg)
         self.perf = context.wrap_reducer(throughput, for_validation=False)
-        self.extras = TrialExtras()
 
     def add_extras(self, extras: TrialExtras) -> None:
-        """What the run adds before fit: callbacks after the trial's own, hooks before each batch."""
+        """What differs by where the trial runs, from its driver before fit (callbacks.TrialExtras):
+        the data order's seed, what a divergence ends in, callbacks, hooks before each batch."""
         self.extras = extras
+        self.finite = FiniteGuard(self.plan.hparams, self.plan.learning_rate, extras.end_diverged,
+                                  loss_scaled=self.scaler is not None)  # fmt: skip
 
     def load_data(self) -> None:
         """SQuAD and its windowed features (data.py); the chief of each machine downloads and
@@ -106,8 +108,6 @@ class SquadTrial(pytorch.PyTorchTrial):
         self.optimizer, self.lr_scheduler, self.schedule = wrapped_optimization(
             self.context, self.plan, model, total, warmup
         )
-        context = self.context if det_internals.cluster_trial() is not None else None  # the stop differs
-        self.finite = FiniteGuard(hp, self.plan.learning_rate, context, loss_scaled=self.scaler is not None)
         warnings = (radam_warning(hp, total, warmup), learning_rate_warning(self.plan.learning_rate))
         for warning in filter(None, warnings if self.context.distributed.rank == 0 else ()):
             logger.warning(warning)
@@ -122,13 +122,9 @@ class SquadTrial(pytorch.PyTorchTrial):
         return run_plan.optimizer_steps(batches, self.plan.aggregation_frequency)
 
     def build_training_data_loader(self) -> pytorch.DataLoader:
-        try:
-            seed = self.context.get_trial_seed()  # on a cluster
-        except det.errors.InternalException:
-            seed = self.plan.seed  # local: reproducibility.experiment_seed
         context, plan = self.context, self.plan
         return data.training_loader(
-            self.train_features, context.get_per_slot_batch_size(), plan.hparams, seed,
+            self.train_features, context.get_per_slot_batch_size(), plan.hparams, self.extras.seed,
             context.distributed.size, plan.data.num_workers,
         )  # fmt: skip
 
@@ -210,14 +206,12 @@ class SquadTrial(pytorch.PyTorchTrial):
             "rank_random_state": self.rank_random_state,
             "checkpoint_record": CheckpointRecord(
                 run_identity(self.plan, self.experiment_name),
+                run_settings(self.plan),
                 {self.plan.length.unit: self.plan.length.value},
                 self.train_set.sha256,
                 self.run_log,
             ),
         }
-        info = det_internals.cluster_trial()
-        if info is not None:
-            callbacks["searcher_stop"] = SearcherStop(self.context, info, self.run_log)
         return {**callbacks, **self.extras.callbacks}
 
     def get_batch_length(self, batch: dict[str, torch.Tensor]) -> int:

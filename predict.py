@@ -24,7 +24,7 @@ from typing import Any
 from extractive_qa import cli  # first: a Ctrl-C while the libraries load is one line
 from extractive_qa.data import squad_files
 from extractive_qa.errors import DataError
-from extractive_qa.files import check_new_directory, check_output_file, check_outputs, write_text_atomic
+from extractive_qa.io.files import check_new_directory, check_output_file, check_outputs, write_text_atomic
 from extractive_qa.qa import outputs
 from extractive_qa.serve.predictor import Predictor
 
@@ -102,6 +102,13 @@ def check_writes(args: argparse.Namespace) -> None:
         )
 
 
+V11_ALWAYS_ANSWERS = (
+    "predict: this checkpoint was trained on SQuAD v1.1, so it always answers, even where the context "
+    "holds no answer; `score` is the answer's probability among the candidate spans it weighed, not "
+    "a probability that the context answers the question"
+)
+
+
 def answers_of(
     predictor: Predictor, args: argparse.Namespace, squad: squad_files.SquadSet | None
 ) -> dict[str, Any]:
@@ -114,6 +121,8 @@ def answers_of(
     examples = squad.examples if squad is not None else [question]
     answers, nbest = predictor.answer_with_nbest(examples, nbest=args.out_dir is not None)
     if squad is None:
+        if predictor.settings.squad_version == "1.1":
+            print(V11_ALWAYS_ANSWERS, file=sys.stderr)
         start, end = int(answers.start[0]), int(answers.end[0])
         return {"answer": answers.text["question"], "score": float(answers.score[0]),
                 "start": max(start, 0), "end": max(end, 0)}  # fmt: skip

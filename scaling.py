@@ -31,7 +31,7 @@ from extractive_qa import cli  # first: a Ctrl-C while the libraries load is one
 from extractive_qa.config import experiment, run_plan
 from extractive_qa.config.settings import OPTIMIZERS, Hyperparameters
 from extractive_qa.errors import ScalingError
-from extractive_qa.files import ROOT
+from extractive_qa.io.files import ROOT
 from extractive_qa.scaling_report import (  # noqa: F401 -- the report's API, as scaling.X
     REPORT_FILES,
     RunRecord,

@@ -19,15 +19,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from extractive_qa import buckets, cli, det_internals  # cli first: a Ctrl-C while the rest loads
+from extractive_qa import cli, det_internals  # cli first: a Ctrl-C while the rest loads
 from extractive_qa.config import run_plan
 from extractive_qa.config.experiment import RunOptions, run_source, settings_table
 from extractive_qa.dry_run import dry_run
-from extractive_qa.files import ROOT
-from extractive_qa.launch import cluster_run, interruption
+from extractive_qa.io.files import ROOT
+from extractive_qa.launch import driver, interruption
 from extractive_qa.launch.process import local_world_size
 from extractive_qa.resume import restore as resume
-from extractive_qa.trial import optimization
+from extractive_qa.storage import buckets
 
 START_DIR = Path.cwd()  # where the user typed the command (a local run then works in ROOT)
 
@@ -51,12 +51,15 @@ shows each):
   python3 train.py --settings --config distributed.yaml
                                                     every setting: default, the config's value
   python3 train.py --resume auto                    continue this run's newest checkpoint, or start
+                                                    (what the same command typed again does)
+  python3 train.py --restart                        train again from the beginning
   python3 train.py --checkpoints                    which run wrote each checkpoint, its EM/F1, size
   torchrun --nproc_per_node=2 train.py --config local.yaml --resume auto \\
       --checkpoint-dir checkpoints/two-processes    2 processes; rerun the same line after a stop
 
 Ctrl-C (or SIGTERM) stops after the current batch, writes a checkpoint and prints the command
-that resumes it; a second Ctrl-C stops at once. Paths inside a config are relative to the
+that resumes it; a second Ctrl-C stops at once; the same command typed again continues the run
+(--restart trains it again). Paths inside a config, and in --set values, are relative to the
 project directory; --config and the other paths on the command line to where you are.
 """
 
@@ -75,19 +78,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="override a config value, e.g. --set hyperparameters.learning_rate=1e-4",
+        help="override a config value, e.g. --set hyperparameters.learning_rate=1e-4 (a path in it is the "
+        "config's: relative to the project directory)",
     )
     length = parser.add_mutually_exclusive_group()
     length.add_argument("--batches", type=int, help="total training length in batches")
     length.add_argument("--epochs", type=int, help="total training length in epochs")
-    parser.add_argument(
-        "--resume",
-        metavar="DIR|auto|latest",
-        help="continue from a checkpoint directory; `auto`: from this run's newest complete "
-        "checkpoint in --checkpoint-dir, or from the start when there is none (the one to give "
-        "torchrun and schedulers, which restart the same command); `latest`: the same, but an "
-        "error when there is none",
-    )
+    add_start_arguments(parser)
     parser.add_argument(
         "--allow-changed",
         action="store_true",
@@ -122,6 +119,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def add_start_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where a run starts: a checkpoint to continue (the same command typed again continues its
+    run), or the beginning."""
+    start = parser.add_mutually_exclusive_group()
+    start.add_argument(
+        "--resume",
+        metavar="DIR|URL|auto|latest",
+        help="continue from a checkpoint directory or s3:// / gs:// / azure:// URL; `auto` (what a "
+        "command without --resume or --restart does): from this run's newest complete checkpoint in "
+        "--checkpoint-dir -- the same settings --, or from the start when there is none; `latest`: "
+        "the same, but an error when there is none",
+    )
+    start.add_argument(
+        "--restart",
+        action="store_true",
+        help="train from the beginning even where --checkpoint-dir holds a checkpoint of this run "
+        "(it is kept; the run says where and how large)",
+    )
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -145,15 +162,15 @@ def run_options(args: argparse.Namespace) -> RunOptions:
     """The parsed command line as the run's typed options (the Namespace stays in the CLI)."""
     return RunOptions(
         config=args.config, overrides=tuple(args.overrides), batches=args.batches, epochs=args.epochs,
-        checkpoint_dir=args.checkpoint_dir, resume=args.resume, allow_changed=args.allow_changed,
+        checkpoint_dir=args.checkpoint_dir, resume=args.resume, restart=args.restart,
+        allow_changed=args.allow_changed,
         metrics_out=args.metrics_out, command_line=tuple(args.command_line),
     )  # fmt: skip
 
 
-def run(args: argparse.Namespace | RunOptions, trial_class: type | None = None) -> dict[str, Any] | None:
+def run(options: RunOptions, trial_class: type | None = None) -> dict[str, Any] | None:
     """Train as configured; rank 0 returns the final metrics. `trial_class` lets benchmarks
     instrument the trial (a SquadTrial subclass); users never need it."""
-    options = run_options(args) if isinstance(args, argparse.Namespace) else args
     with contextlib.ExitStack() as cleanup:  # what the run leaves behind: a resume's private copy
         return train_run(options, trial_class, cleanup)
 
@@ -167,10 +184,7 @@ def train_run(
     # On a cluster the master hands the config over; locally it is the command line's.
     source = run_source(det_internals.cluster_trial(), args, local_world_size())
     plan = run_plan.run_plan(source.exp_conf, source.hparams, source.slots)  # a bad config ends here
-    # What a checkpoint to resume must fit: built here (the trial's stage) and handed down as data.
-    expected = optimization.expected_state(plan) if cluster_run.resumes(args, source) else None
-    driver = cluster_run.driver_for(args, source, plan, expected, cleanup)
-    return driver.run(trial_class or model_def.SquadTrial)
+    return driver.driver_for(args, source, plan, cleanup).run(trial_class or model_def.SquadTrial)
 
 
 @cli.boundary
@@ -195,7 +209,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         progress.quiet_determined_log()  # the progress display says it; a cluster keeps it all
         cli.hide_library_progress_bars()
     try:
-        result = dry_run(run_options(args)) if args.dry_run else run(args)
+        result = dry_run(run_options(args)) if args.dry_run else run(run_options(args))
     except interruption.Interrupted as stop:
         if stop.rank == 0:
             print(interruption.interrupted_line(stop, START_DIR), file=sys.stderr, flush=True)

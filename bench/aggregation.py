@@ -26,7 +26,7 @@ from typing import Any
 from bench.common import provenance, tiny_validation_file
 from extractive_qa import cli
 from extractive_qa.config import experiment
-from extractive_qa.files import ROOT
+from extractive_qa.io.files import ROOT
 from tests.support import allreduce_probe
 
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from bench.common import provenance
 from extractive_qa import cli
-from extractive_qa.files import ROOT
+from extractive_qa.io.files import ROOT
 
 
 def run_one(config: str, frequency: int, optimizer: str, workdir: Path) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from bench.common import provenance
 from extractive_qa import cli
-from extractive_qa.files import ROOT
+from extractive_qa.io.files import ROOT
 
 
 def summaries(log: str) -> str:

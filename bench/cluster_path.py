@@ -32,7 +32,7 @@ from pathlib import Path
 from bench.common import provenance
 from extractive_qa import cli, scaling_runs
 from extractive_qa.config import experiment
-from extractive_qa.files import ROOT
+from extractive_qa.io.files import ROOT
 from tests.support import det_cluster
 from tests.support.cli_result import last_json
 

@@ -29,7 +29,7 @@ from extractive_qa.config import experiment
 from extractive_qa.config.model_family import EMBEDDED_MODEL, load_model_kwargs, resolve_pretrained
 from extractive_qa.config.settings import Hyperparameters
 from extractive_qa.data.batching import forward_params, model_inputs
-from extractive_qa.files import ROOT
+from extractive_qa.io.files import ROOT
 from extractive_qa.launch import process as launch
 from extractive_qa.qa import mixed_precision
 from extractive_qa.trial import cpu_allocator, dropout_masks, model_io, optimization
@@ -55,6 +55,9 @@ class Rung:
     tf32: bool = False  # CUDA only: the trial's default (hyperparameters.tf32)
     masks: str = "fast"  # CPU dropout masks (hyperparameters.dropout_masks); "torch": bernoulli_
     graphs: bool = False  # CUDA only: forward + backward captured as one CUDA graph per input shape
+    # bf16 weights with fp32 master weights in the optimizer, no autocast (no per-op casts); the
+    # QA head stays fp32. A benchmark's lever: the trial trains with autocast over fp32 weights.
+    master_weights: bool = False
 
 
 def window_sample(windows: int, need: int, seed: int = SEED) -> np.ndarray:
@@ -98,6 +101,7 @@ class Loop:
             mixed_precision.fp32_logits(model)  # as the trial does
         self.model = model.to(device).train()
         self.accepted = forward_params(model)
+        self.masters = MasterWeights(model) if rung.master_weights else None
         if rung.optimizer == "plain":
             self.optimizer = torch.optim.AdamW(
                 model.parameters(),
@@ -107,6 +111,8 @@ class Loop:
             )
         else:
             self.optimizer = optimization.build_optimizer(model, hp, hp.learning_rate, device)
+        if self.masters is not None:
+            self.optimizer = self.masters.optimizer_over_masters(self.optimizer)
         warmup = int(hp.warmup_ratio * total)
         self.schedule = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, optimization.linear_warmup_decay(total, warmup)
@@ -128,7 +134,8 @@ class Loop:
             loss = self.graphed_loss(inputs)
         else:
             masks = dropout_masks.masks(self.masks, self.device.type, bool(self.compiled))
-            with record("forward"), masks, mixed_precision.autocast(self.device.type, self.precision):
+            precision = "fp32" if self.masters is not None else self.precision  # bf16 weights: no autocast
+            with record("forward"), masks, mixed_precision.autocast(self.device.type, precision):
                 loss = self.forward(**inputs).loss
         with record("backward"):
             if self.scaler:
@@ -137,7 +144,10 @@ class Loop:
             else:
                 loss.backward()
         with record("optimizer"):
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_norm)
+            if self.masters is not None:
+                self.masters.take_gradients()
+            params = self.masters.fp32 if self.masters is not None else self.model.parameters()
+            torch.nn.utils.clip_grad_norm_(params, self.max_norm)
             if self.scaler:
                 self.scaler.step(self.optimizer)
                 self.scaler.update()
@@ -145,6 +155,8 @@ class Loop:
                 self.optimizer.step()
             self.schedule.step()
             self.optimizer.zero_grad(set_to_none=True)
+            if self.masters is not None:
+                self.masters.give_weights()
         return loss.detach()
 
     def graphed_loss(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -161,6 +173,43 @@ class Loop:
             graphed = torch.cuda.make_graphed_callables(wrapper, sample, allow_unused_input=True)
             self.graphed[key] = graphed
         return graphed(*(inputs[n] for n in names))
+
+
+class MasterWeights:
+    """The model's weights in bf16 for the forward and backward passes (the QA head stays fp32:
+    fp32 logits), the optimizer stepping fp32 copies of them: after backward each bf16 gradient
+    becomes the fp32 copy's, and after the step the fp32 weights are rounded into the model."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        head = getattr(model, "qa_outputs", None)
+        keep = {id(p) for p in head.parameters()} if head is not None else set()
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.fp32 = [p.detach().clone() for p in self.params]  # the master weights
+        with torch.no_grad():
+            for p in self.params:
+                if id(p) not in keep:
+                    p.data = p.data.to(torch.bfloat16)
+
+    def optimizer_over_masters(self, optimizer: Any) -> Any:
+        """The same optimizer (class, groups, options) over the fp32 copies."""
+        index = {id(p): i for i, p in enumerate(self.params)}
+        groups = [
+            {
+                **{k: v for k, v in g.items() if k != "params"},
+                "params": [self.fp32[index[id(p)]] for p in g["params"]],
+            }
+            for g in optimizer.param_groups
+        ]
+        return type(optimizer)(groups, **optimizer.defaults)
+
+    def take_gradients(self) -> None:
+        for master, p in zip(self.fp32, self.params, strict=True):
+            master.grad = None if p.grad is None else p.grad.float()
+            p.grad = None
+
+    def give_weights(self) -> None:
+        with torch.no_grad():
+            torch._foreach_copy_(self.params, self.fp32)
 
 
 class _LossOf(torch.nn.Module):
@@ -339,7 +388,7 @@ def run_trial(conf_path: Path, tmp: Path, run: int) -> dict[str, Any]:
     cwd = os.getcwd()
     args = train.parse_args(["--config", str(conf_path), "--checkpoint-dir", str(tmp / f"ckpt-{run}")])
     with contextlib.redirect_stdout(io.StringIO()):
-        result = train.run(args)
+        result = train.run(train.run_options(args))
     os.chdir(cwd)
     assert result is not None
     return result

@@ -5,8 +5,6 @@ gains in speed, and whether F1 pays for it, on paired seeds.
     python3 -m bench.cpu_precision masks [--seeds ...]              # fast vs torch's dropout masks
     python3 -m bench.cpu_precision recipes [--seeds ...] [--set K=V]  # ours vs the standard recipe
     python3 -m bench.cpu_precision report | masks-report | recipes-report  # a study's table
-    python3 -m bench.cpu_precision profile [--batches 8]            # where a training step goes
-    python3 -m bench.cpu_precision levers [--batches 16 --rounds 2] # each lever, side by side
 
 A study runs `train.py --config local.yaml` once per arm and seed, the arms alternating seed by
 seed (so that they see the same machine state), and keeps one row per finished run; a stopped
@@ -34,12 +32,7 @@ applies the rule the defaults follow: the new level may become the default only 
 lies within +-1.5 F1 of zero or above it. Rows recorded before a factor was varied ran with its
 level of that time (torch's masks, the fast path).
 
-- profile: torch.profiler over the trial's training step (bench/common.Loop: forward under
-  autocast, backward, clip, AdamW, schedule) on the embedded default's real batches, fp32 and
-  bf16; self time grouped into matmuls, attention, dropout masks, casts, norms / activations /
-  element-wise, embedding gradient, optimizer, other host work.
-- levers: the same step with one change at a time, interleaved rounds, best of the rounds:
-  ms per step and the ratio to fp32.
+Where a step's time goes and its bound: bench.cpu_step; each lever's speed: bench.throughput.
 
 Every result names the CPU (model, cores, bf16 units) or the GPU it was measured on.
 """
@@ -56,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import study
-from bench.common import cpu_description, machine_text, provenance
+from bench.common import machine_text, provenance
 from bench.study import ROOT
 from extractive_qa import cli
 
@@ -237,7 +230,7 @@ def chosen_levels(args: argparse.Namespace, preset: Study, on_gpu: bool) -> dict
 @cli.boundary
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=[*STUDIES, *REPORTS, "profile", "levers"])
+    parser.add_argument("what", choices=[*STUDIES, *REPORTS])
     parser.add_argument("--seeds", default=SEEDS, help="a study: comma-separated experiment seeds")
     parser.add_argument("--precisions", help="a study: which of fp32,bf16 to run")
     parser.add_argument("--masks", help="a study: which of fast,torch dropout masks to run")
@@ -251,8 +244,6 @@ def main(argv: list[str] | None = None) -> int:
         "--baseline", type=Path,
         help="a report: the study whose rows pair with seeds not run here (masks: cpu-precision.json)",
     )  # fmt: skip
-    parser.add_argument("--batches", type=int, default=8, help="profile / levers: timed batches")
-    parser.add_argument("--rounds", type=int, default=2, help="levers: interleaved rounds (best of)")
     parser.add_argument("--json", type=Path, help="the study's file (default: its own in bench/results)")
     args = parser.parse_args(argv)
     if args.jobs < 1:
@@ -263,18 +254,6 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--seeds {args.seeds!r}: comma-separated integers, e.g. 42,43,44")
     if args.baseline is not None and not args.baseline.is_file():
         parser.error(f"--baseline {args.baseline}: no such file (a study's JSON in bench/results)")
-    if args.what in ("profile", "levers"):
-        from bench import cpu_step
-
-        path = args.json or STUDIES["study"].json
-        result = study.load(path, {"config": CONFIG})
-        measured = getattr(cpu_step, args.what)(args)
-        result[args.what] = {**measured, "machine": cpu_description(), "date": time.strftime("%Y-%m-%d")}
-        for key, value in provenance("bench.cpu_precision", sys.argv[1:]).items():
-            result.setdefault(key, value)  # a study's file keeps its own; a new file gets this run's
-        study.save(path, result)
-        print(measured["table"])
-        return 0
     name = REPORTS.get(args.what, args.what)
     preset = STUDIES[name]
     path = args.json or preset.json

@@ -22,10 +22,11 @@ from typing import Any
 
 from bench import batching, cpu_precision, flops, gpu_step, lr_scaling, squad2, study
 from bench.results_files import Results, measured_on, num, table
-from extractive_qa import dry_run, reading, scaling_report
+from extractive_qa import dry_run, scaling_report
 from extractive_qa.config import experiment, run_plan
 from extractive_qa.config.settings import Hyperparameters
-from extractive_qa.files import ROOT, drawn_from
+from extractive_qa.io import reading
+from extractive_qa.io.files import ROOT, drawn_from
 
 BLOCKS: dict[str, Callable[..., str]] = {}
 
@@ -126,7 +127,7 @@ def ci_time(name: str) -> str:
     """How long `.ci/run` took from a fresh clone: a text file whose first lines, up to the first
     blank one, are `key: value` (command, commit, date, machine, versions, result); its log follows."""
     from bench.results_files import RESULTS, machine_label
-    from extractive_qa import reading
+    from extractive_qa.io import reading
 
     header = reading.read_text(RESULTS / name, reading.RECORD).split("\n\n", 1)[0]
     fields = dict(line.split(": ", 1) for line in header.splitlines() if ": " in line)
@@ -348,6 +349,55 @@ def ladder(*names: str) -> str:
                 ]
             )
     return table(["machine, date", "batch x max tokens", "rung", "sequences/s (x the first rung)"], rows)
+
+
+@block("cpu-step")
+def cpu_step_profile(name: str) -> str:
+    """Where a CPU training step's time goes, grouped, and the step against its own matrix
+    products timed alone (bench.cpu_step)."""
+    results = Results(name)
+    measured = results["precisions"]
+    groups = list(dict.fromkeys(g for m in measured for g in m["ms_per_step_by_group"]))
+    header = ["where", *(f"{m['precision']}: ms per step (share)" for m in measured)]
+    rows = []
+    for group in groups:
+        cells = []
+        for m in measured:
+            ms = m["ms_per_step_by_group"].get(group, 0.0)
+            cells.append(f"{num(ms, 0)} ({num(100 * ms / m['profiled_ms_per_step'], 0)} %)")
+        rows.append([group, *cells])
+    rows.append(["**step, profiled**", *(num(m["profiled_ms_per_step"], 0) for m in measured)])
+    rows.append(["step, unprofiled", *(num(m["ms_per_step"], 0) for m in measured)])
+    bounds = [f"{num(m['gemm_bound_ms_per_step'], 0)} ({num(m['gemm_gflop_per_step'], 0)})" for m in measured]
+    rows.append(["its matrix products alone (GFLOP per step)", *bounds])
+    rows.append(["**step / bound**", *(f"{num(m['step_over_bound'])}x" for m in measured)])
+    return f"{caption(results)}\n\n{table(header, rows)}"
+
+
+@block("allocator")
+def allocator(name: str) -> str:
+    """glibc's default malloc against the trial's setting on the CPU, in fresh processes."""
+    results = Results(name)
+    found = results["allocator"]["best"]
+    rows = [
+        [setting, num(r["ms_per_step"], 0), f"{num(r['minor_faults_per_step'], 0)}"]
+        for setting, r in found.items()
+    ]
+    rows.append(["**kept / default**", f"{num(results['allocator']['keep_over_default'], 3)}x", ""])
+    header = ["malloc", "ms per step (best of each process)", "minor page faults per step"]
+    return f"{caption(results)}\n\n{table(header, rows)}"
+
+
+@block("step-bound")
+def step_bound(*names: str) -> str:
+    """The ladder's fast path against its matrix products alone, per machine."""
+    rows = []
+    for name in names:
+        results = Results(name)
+        bound = results.data.get("fast_path_step_over_bound")
+        if bound is not None:
+            rows.append([measured_on(results), f"{num(bound)}x"])
+    return table(["machine, date", "fast path step / its matrix products alone"], rows)
 
 
 @block("harness")

@@ -34,8 +34,9 @@ import sys
 from pathlib import Path
 
 from bench import doc_blocks, results_files
-from extractive_qa import cli, reading, scaling_report
-from extractive_qa.files import ROOT, drawn_from
+from extractive_qa import cli, scaling_report
+from extractive_qa.io import reading
+from extractive_qa.io.files import ROOT, drawn_from
 
 IMAGE = re.compile(r"!\[[^\]]*\]\((?P<target>(?![a-z]+://)[^)\s]+\.png)\)")  # the project's own plots
 TEST_REF = re.compile(r"\btests/[\w/]+\.py(?:::\w+)*")
@@ -81,6 +82,13 @@ EXEMPT = re.compile("|".join(rf"(?<![\d.,])(?:{pattern})" for _, pattern in NOT_
 VERDICT = re.compile(
     r"(?i:no difference shown)|\b(?:PASS|FAIL)\b|\b(?i:above|below) zero\b"
     r"|\b(?i:passes|fails|within|outside) (?:the )?(?:±[\d.]+ )?(?:rule|bound)\b"
+    # a study restated in other words: what it found holds, matches, is level or best
+    r"|\b(?i:holds at|within noise|level with|the best (?:rule|setting|recipe|choice|of them))\b"
+)
+# Measured quantities written as words: beside results they are figures, so a block gives them.
+WORDED = re.compile(
+    r"\b(?i:halved|doubled|tripled|twice as (?:fast|slow|long)|(?:about |roughly )?a minute of|an hour of"
+    r"|thousands of|hundreds of|the largest item|the largest share|most of (?:its|the step's) time)\b"
 )
 COMPARISON = re.compile(r"\b(?:faster|slower|several times|(?:an )?orders? of magnitude)\b")
 # Named beside a figure and not a measurement's machine, each with its reason.
@@ -248,11 +256,27 @@ def derived_numbers() -> dict[str, str]:
     return numbers
 
 
+def shipped_rates() -> dict[str, str]:
+    """The learning rate each shipped YAML states (at its reference batch), as a page would type
+    it (2e-4, 2.0e-4): beside results it is a setting the dry-run block gives."""
+    rates = {}
+    for config in sorted(p.name for p in doc_blocks.ROOT.glob("*.yaml")):
+        rate = doc_blocks.planned(config, ()).get("reference_learning_rate")
+        if isinstance(rate, float):
+            text = doc_blocks.exponent_text(rate)
+            mantissa, _, exponent = text.partition("e")
+            forms = {text, f"{float(mantissa):.1f}e{exponent}"} if exponent else {text}
+            rates["|".join(map(re.escape, sorted(forms)))] = f"{config} learning_rate"
+    return rates
+
+
 def free_claims(text: str, machines: set[str], derived: dict[str, str]) -> list[tuple[int, str]]:
     """Verdicts, machine names, unbacked comparisons and derived numbers outside blocks."""
     words = prose(text)
     verdict = "is a verdict outside a generated block"
     found = [(m.start(), f"{m.group()!r} {verdict}") for m in VERDICT.finditer(words)]
+    worded = "is a measured quantity in words outside a generated block: give the figure's block"
+    found += [(m.start(), f"{m.group()!r} {worded}") for m in WORDED.finditer(words)]
     flat = EXEMPT_MACHINES.sub(lambda m: " " * len(m.group()), words)
     if machines:
         pattern = rf"\b(?:{'|'.join(map(re.escape, sorted(machines)))})\b"
@@ -270,7 +294,23 @@ def free_claims(text: str, machines: set[str], derived: dict[str, str]) -> list[
         for m in re.finditer(rf"(?<![\w.,/-])(?:{pattern})(?![\w/]|[.,]\d)", words):
             what = f"is derived by the dry run ({source}): use a dry-run block"
             found.append((m.start(), f"{m.group()!r} {what}"))
+    spans = prose_with_code(text)  # a rate typed as `2e-4` is still typed
+    for pattern, source in shipped_rates().items():
+        for m in re.finditer(rf"(?<![\w.,/-])(?:{pattern})(?![\w/]|[.,]\d)", spans):
+            what = f"is a setting of {source}: give it from the dry run's block"
+            found.append((m.start(), f"{m.group()!r} {what}"))
     return sorted((words.count("\n", 0, at) + 1, what) for at, what in found)
+
+
+def prose_with_code(text: str) -> str:
+    """The page's words outside blocks and fenced code, inline code kept."""
+
+    def blank(match: re.Match[str]) -> str:
+        return re.sub(r"[^\n]", " ", match.group())
+
+    for pattern in (r"```.*?```", BLOCK.pattern, r"\]\([^)\s]*\)", r"<!--.*?-->", r"https?://\S+"):
+        text = re.sub(pattern, blank, text, flags=re.S)
+    return text
 
 
 def problems() -> list[str]:

@@ -24,7 +24,7 @@ from extractive_qa.config.model_family import EMBEDDED_MODEL
 from extractive_qa.config.settings import WindowSpec
 from extractive_qa.data import squad_files
 from extractive_qa.data.features import build_features, load_tokenizer
-from extractive_qa.files import ROOT
+from extractive_qa.io.files import ROOT
 from tests.support.reference_features import compare, standard_recipe
 
 

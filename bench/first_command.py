@@ -29,7 +29,7 @@ from typing import Any
 
 from bench.common import provenance
 from extractive_qa import cli
-from extractive_qa.files import ROOT
+from extractive_qa.io.files import ROOT
 
 SETUP = "python3 -m venv .venv && .venv/bin/pip install -r requirements.txt"
 RUN = ".venv/bin/python train.py"

@@ -21,7 +21,7 @@ from pathlib import Path
 from bench.common import provenance
 from extractive_qa import cli
 from extractive_qa.data import feature_cache
-from extractive_qa.files import ROOT, write_text_atomic
+from extractive_qa.io.files import ROOT, write_text_atomic
 from tests.support.cli_result import last_json
 
 

@@ -42,7 +42,7 @@ from extractive_qa.config.model_family import resolve_pretrained
 from extractive_qa.data import squad_files
 from extractive_qa.data.features import load_tokenizer
 from extractive_qa.errors import ConfigError, DataError
-from extractive_qa.files import ROOT, write_text_atomic
+from extractive_qa.io.files import ROOT, write_text_atomic
 from extractive_qa.qa import mixed_precision, qa_settings
 from extractive_qa.serve.predictor import Predictor
 from extractive_qa.trial import model_io

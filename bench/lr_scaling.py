@@ -48,10 +48,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from extractive_qa import cli, reading
+from extractive_qa import cli
 from extractive_qa.config import experiment, run_plan
 from extractive_qa.config.settings import Hyperparameters
-from extractive_qa.files import drawn_from
+from extractive_qa.io import reading
+from extractive_qa.io.files import drawn_from
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 

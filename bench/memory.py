@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from extractive_qa import cli
-from extractive_qa.files import ROOT
+from extractive_qa.io.files import ROOT
 
 SHAPES = {
     "base": {

@@ -32,7 +32,7 @@ from bench.common import provenance
 from extractive_qa import cli, scaling_report, scaling_runs
 from extractive_qa.config import experiment
 from extractive_qa.config.model_family import EMBEDDED_MODEL, pretrained_config
-from extractive_qa.files import ROOT
+from extractive_qa.io.files import ROOT
 from tests.support import det_cluster, det_netns
 
 PER_SLOT_BATCH = 8

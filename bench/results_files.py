@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from extractive_qa import reading
-from extractive_qa.files import ROOT
+from extractive_qa.io import reading
+from extractive_qa.io.files import ROOT
 
 RESULTS = ROOT / "bench" / "results"
 PROVENANCE = ("command", "commit", "date", "machine")
@@ -46,9 +46,13 @@ class Provenance:
         return machine_label(self.machine)
 
 
+FAMILY = re.compile(r"cpu family (\d+) model (\d+)")
+
+
 def machine_label(machine: str) -> str:
-    """A GPU's name, or a CPU's maker and model with the bf16 units it has; a study whose rows ran
-    on several machines names each ("A; B")."""
+    """A GPU's name, or a CPU's maker and model name with its family and model numbers and the
+    bf16 units it has -- two CPUs that differ in any of them never share a label; a study whose
+    rows ran on several machines names each ("A; B")."""
     if "; " in machine:
         return "; ".join(dict.fromkeys(machine_label(part) for part in machine.split("; ")))
     if "NVIDIA" in machine:
@@ -56,7 +60,10 @@ def machine_label(machine: str) -> str:
     name = re.sub(r"\((?:R|TM)\)|\bProcessor\b|\bCPU\b", "", re.split(r" \(|,", machine)[0])
     units = "AMX" if "AMX tiles" in machine else "AVX512-BF16" if "AVX512-BF16" in machine else ""
     units = units or ("no bf16 units" if "bf16 units: none" in machine else "")
-    return " ".join(name.split()) + (f" ({units})" if units else "")
+    family = FAMILY.search(machine)
+    inside = [f"family {family[1]} model {family[2]}"] if family else []
+    inside += [units] if units else []
+    return " ".join(name.split()) + (f" ({', '.join(inside)})" if inside else "")
 
 
 def provenance_problems(record: dict[str, Any]) -> list[str]:
@@ -81,6 +88,8 @@ def machine_problems(record: dict[str, Any], machine: str) -> list[str]:
                 problems.append(f"machine {part!r} does not name its host's CPU cores")
         elif part and not re.search(r"\d+ threads of \d+ cores", part):
             problems.append(f"machine {part!r} does not name the threads used and the host's cores")
+        elif part and not FAMILY.search(part):
+            problems.append(f"machine {part!r} does not name the CPU's family and model")
     return problems
 
 
@@ -108,9 +117,18 @@ def file_problems(path: Path) -> list[str]:
     return data_problems(reading.read_json(path, reading.RECORD))
 
 
+BACKFILLED = "provenance_backfilled"  # a record's fields filled in after its run, not by it
+
+
 def data_problems(data: Any) -> list[str]:
     if not isinstance(data, dict):
         return ["not a JSON object"]
+    filled = [data, *(r for r in data.get("rows") or [] if isinstance(r, dict))]
+    if any(BACKFILLED in record for record in filled):
+        return [
+            "its provenance was filled in after the run (provenance_backfilled); a results file's "
+            "provenance is the run's own: measure it again with its benchmark"
+        ]
     if all(k in data for k in PROVENANCE):
         return provenance_problems(data)
     rows = data.get("rows")

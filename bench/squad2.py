@@ -45,7 +45,7 @@ from bench.common import machine_text, provenance
 from bench.results_files import num, table
 from extractive_qa import cli
 from extractive_qa.data.squad_files import load_squad
-from extractive_qa.files import ROOT
+from extractive_qa.io.files import ROOT
 from extractive_qa.qa import squad_metric
 from tests.support.cli_result import last_json
 

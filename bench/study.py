@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from extractive_qa.files import ROOT
+from extractive_qa.io.files import ROOT
 from tests.support.cli_result import last_json
 
 # What a study's runs train in unless its cells vary it: fp32 with torch's own dropout masks, not

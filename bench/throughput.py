@@ -47,7 +47,7 @@ from typing import Any
 import torch
 
 from bench import flops
-from extractive_qa import cli
+from extractive_qa import cli, compat
 from extractive_qa.config import experiment, run_plan
 from extractive_qa.config.model_family import EMBEDDED_MODEL, pretrained_config
 from extractive_qa.config.settings import PRECISIONS, Hyperparameters, WindowSpec
@@ -144,6 +144,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="CUDA: add a rung with forward + backward captured as one CUDA graph per width (buckets)",
     )
     parser.add_argument("--repeats", type=int, default=2, help="interleaved trial / bare-loop runs")
+    parser.add_argument(
+        "--rounds", type=int, default=1,
+        help="ladder: rounds the rungs take turns in, each batch's best kept (more than 1 keeps every "
+        "rung's model in memory)",
+    )  # fmt: skip
     parser.add_argument("--skip-trial", action="store_true", help="only the fast-path ladder")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
@@ -167,8 +172,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.precision = mixed_precision.resolve_precision(args.precision, args.device.type)[0]
     if args.precision == "fp16" and args.device.type != "cuda":
         parser.error("--precision fp16 needs --device cuda")
-    if min(args.batches, args.batch_size, args.repeats) < 1 or args.warmup < 0:
-        parser.error("--batches, --batch-size, --repeats must be positive; --warmup >= 0")
+    if min(args.batches, args.batch_size, args.repeats, args.rounds) < 1 or args.warmup < 0:
+        parser.error("--batches, --batch-size, --repeats, --rounds must be positive; --warmup >= 0")
     if not args.train_file.is_file():
         parser.error(f"--train-file {args.train_file}: no such file")
     return args
@@ -318,10 +323,23 @@ def fast_path_rungs(args: argparse.Namespace, hp: Hyperparameters) -> list[Rung]
         rungs.append(Rung("+ fused AdamW", B, m, "sdpa", "trial", "fp32"))
     if tf32:
         rungs.append(Rung("+ TF32 matmuls", B, m, "sdpa", "trial", "fp32", "", True))
+    # On a GPU the fused AdamW rung came before; on a CPU it follows the masks (the order of
+    # what each step spends most on).
+    opt = "trial" if cuda else "plain"
     if args.precision != "fp32":
-        rungs.append(Rung(f"+ {args.precision} autocast", B, m, "sdpa", "trial", args.precision, "", tf32, T))
+        rungs.append(Rung(f"+ {args.precision} autocast", B, m, "sdpa", opt, args.precision, "", tf32, T))
     if not cuda and hp.dropout_masks == "fast":
-        rungs.append(Rung("+ fast dropout masks", B, m, "sdpa", "trial", args.precision, "", tf32))
+        rungs.append(Rung("+ fast dropout masks", B, m, "sdpa", "plain", args.precision, "", tf32))
+    if not cuda and compat.fused_adamw("cpu"):
+        rungs.append(Rung("+ fused AdamW (CPU kernel)", B, m, "sdpa", "trial", args.precision, "", tf32))
+    if not cuda and args.precision == "bf16":
+        # Not the trial's: bf16 weights, fp32 master weights in the optimizer, no autocast.
+        rungs.append(
+            Rung(
+                "+ bf16 weights, fp32 master weights (no autocast)", B, m, "sdpa", "trial", "bf16",
+                "", tf32, master_weights=True,
+            )
+        )  # fmt: skip
     if args.compile or args.graphs:
         # torch.compile and CUDA graphs make a graph per padded width: width buckets of 64 tokens
         # keep those few.
@@ -353,8 +371,19 @@ def fast_path_rungs(args: argparse.Namespace, hp: Hyperparameters) -> list[Rung]
     return rungs
 
 
-def measure_rung(setup: Setup, table: Table, rung: Rung, batches: list[dict[str, torch.Tensor]]) -> dict:
-    """One rung: an untimed step per input shape, then the timed batches after the warm-up."""
+@dataclass
+class Measured:
+    """A rung being measured: its loop (kept between rounds), its batches, each batch's best time."""
+
+    rung: Rung
+    loop: Loop | None
+    batches: list[dict[str, torch.Tensor]]
+    best: list[float]
+    extra: dict[str, Any]
+
+
+def warm_rung(setup: Setup, rung: Rung, batches: list[dict[str, torch.Tensor]]) -> Measured:
+    """A rung's loop after an untimed step per input shape and the warm-up batches."""
     args, hp, device = setup.args, setup.hp, setup.args.device
     loop = Loop(setup.model_path, rung, hp, len(batches), device)
     if device.type == "cuda":
@@ -368,20 +397,38 @@ def measure_rung(setup: Setup, table: Table, rung: Rung, batches: list[dict[str,
         loop.step(b)
     sync(device)
     warm_s = time.perf_counter() - started
-    seconds, loss = time_loop(loop, batches, args.warmup)
-    extra = {
-        "last_loss": round(loss, 4),
-        "widths": len({shape[1] for shape in shapes}),
-        "first_step_per_width_s": round(warm_s, 2),
-    }
-    if device.type == "cuda":
-        extra["peak_memory_gb"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
-    del loop
-    return table.record(rung.name, seconds, batches[args.warmup :], extra)
+    for b in batches[: args.warmup]:
+        loop.step(b)
+    timed = batches[args.warmup :]
+    extra = {"widths": len({shape[1] for shape in shapes}), "first_step_per_width_s": round(warm_s, 2)}
+    return Measured(rung, loop, timed, [float("inf")] * len(timed), extra)
+
+
+def time_round(measured: Measured) -> None:
+    """Each batch once more; the best time per batch is kept."""
+    loop = measured.loop
+    assert loop is not None
+    for i, batch in enumerate(measured.batches):
+        sync(loop.device)
+        started = time.perf_counter()
+        loss = loop.step(batch)
+        sync(loop.device)
+        measured.best[i] = min(measured.best[i], time.perf_counter() - started)
+    measured.extra["last_loss"] = round(float(loss), 4)
+
+
+def finish(table: Table, measured: Measured) -> dict[str, Any]:
+    loop = measured.loop
+    if loop is not None and loop.device.type == "cuda":
+        measured.extra["peak_memory_gb"] = round(torch.cuda.max_memory_allocated(loop.device) / 2**30, 2)
+    measured.loop = None  # its memory, before the next rung's
+    return table.record(measured.rung.name, sum(measured.best), measured.batches, measured.extra)
 
 
 def ladder(setup: Setup, table: Table) -> dict[str, Any]:
-    """2. The same windows (a fixed random sample) through each rung; speedup and projection."""
+    """2. The same windows (a fixed random sample) through each rung; speedup and projection.
+    With --rounds R > 1 every rung's loop is kept and the rungs take turns, round by round (each
+    batch's best time of the R counts), so that a slower spell of the machine is shared by all."""
     args, hp, features = setup.args, setup.hp, setup.features
     n = (args.batches + args.warmup) * args.batch_size
     sample = window_sample(len(features), n)
@@ -389,10 +436,10 @@ def ladder(setup: Setup, table: Table) -> dict[str, Any]:
     print(
         f"fast path ladder: the same {n} windows ({args.warmup} warm-up + {args.batches} timed batches "
         f"of {args.batch_size}), mean {features.lengths[sample].mean():.0f} tokens, "
-        f"max {args.max_seq_length}",
+        f"max {args.max_seq_length}, {args.rounds} round(s)",
         flush=True,
     )
-    rows = []
+    measuring: list[Measured | dict[str, Any]] = []
     for rung in rungs:
         # A fixed sample of the windows: sample[ix] maps the sampler's positions to features.
         sampler = FeatureBatchSampler(
@@ -402,23 +449,34 @@ def ladder(setup: Setup, table: Table) -> dict[str, Any]:
         collate = Collator(features, rung.batching != "padded", rung.multiple, labels=True)
         batches = [collate(sample[ix].tolist()) for ix in sampler.batches(0)]
         try:
-            rows.append(measure_rung(setup, table, rung, batches))
+            measuring.append(warm_rung(setup, rung, batches))
+            if args.rounds == 1:  # one at a time: only one rung's model in memory
+                time_round(measuring[-1])
+                measuring[-1] = finish(table, measuring[-1])
         except (RuntimeError, torch.OutOfMemoryError) as err:
             if not (rung.graphs or rung.compile):
                 raise
             # An optional lever that fails on this stack is a row that says why, not a lost run.
             table.rows.append({"name": rung.name, "error": f"{type(err).__name__}: {err}"[:400]})
             print(f"  {rung.name:44s} failed: {table.rows[-1]['error']}", flush=True)
-            rows.append(table.rows[-1])
-    # The fast path is the trial's default settings: every rung but the optional compile one.
+            measuring[-1:] = [table.rows[-1]]
+    for _ in range(args.rounds if args.rounds > 1 else 0):
+        for m in measuring:
+            if isinstance(m, Measured):
+                time_round(m)
+    bound = fast_path_bound(setup, measuring, rungs) if args.device.type == "cpu" else {}
+    rows = [finish(table, m) if isinstance(m, Measured) else m for m in measuring]
+    # The fast path is the trial's default settings: every rung but the optional ones after it.
     standard = rows[0]
     trials = [
         row
         for row, rung in zip(rows, rungs, strict=True)
-        if not rung.compile and (rung.batching, rung.multiple) == (hp.batching, hp.pad_to_multiple_of)
+        if not (rung.compile or rung.master_weights)
+        and (rung.batching, rung.multiple) == (hp.batching, hp.pad_to_multiple_of)
     ]
     fastest = trials[-1]
     result = {
+        **bound,
         "dynamic_padding_speedup": round(fastest["sequences_per_s"] / standard["sequences_per_s"], 3),
         "projection_squad_v11_2_epochs_min": round(
             2 * SQUAD_V11_WINDOWS / fastest["sequences_per_s"] / 60, 1
@@ -438,6 +496,34 @@ def ladder(setup: Setup, table: Table) -> dict[str, Any]:
         f"standard recipe {result['projection_standard_recipe_min']} min"
     )
     return result
+
+
+def fast_path_bound(setup: Setup, measuring: list[Any], rungs: list[Rung]) -> dict[str, Any]:
+    """The fast path's step against its own matrix products timed alone (bench.cpu_step): how
+    much of the trial's step is outside the CPU's matrix units."""
+    from bench import cpu_step
+
+    hp = setup.hp
+    fast = [
+        m
+        for m in measuring
+        if isinstance(m, Measured)
+        and not (m.rung.compile or m.rung.master_weights)
+        and (m.rung.batching, m.rung.multiple) == (hp.batching, hp.pad_to_multiple_of)
+    ][-1]
+    assert fast.loop is not None
+    products = cpu_step.captured_products(fast.loop, fast.batches)
+    bound_s = sum(seconds * products[key] for key, seconds in cpu_step.product_seconds(products).items())
+    step_s = sum(fast.best)
+    print(
+        f"fast path ({fast.rung.name}): {step_s * 1e3 / len(fast.batches):.1f} ms per step, its matrix "
+        f"products alone {bound_s * 1e3 / len(fast.batches):.1f} ms: step / bound = {step_s / bound_s:.2f}",
+        flush=True,
+    )
+    return {
+        "fast_path_gemm_bound_s": round(bound_s, 3),
+        "fast_path_step_over_bound": round(step_s / bound_s, 3),
+    }
 
 
 @cli.boundary

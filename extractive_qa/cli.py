@@ -6,6 +6,11 @@ tokenizer or a JSON file that cannot hold it, and one boundary around each comma
 Importing this module installs the interrupt hook, so the entry scripts import it first (torch
 and transformers take seconds to load, and a Ctrl-C then lands inside some import). The process
 still ends as one killed by SIGINT (Python re-raises it after the hook: exit status 130).
+
+Importing it also checks, before any other import, that the libraries the project runs on are
+there (`REQUIRED`: found, not loaded): a Python without the project's venv is one line saying to
+activate it or set it up (exit 2), never a ModuleNotFoundError traceback that leads a newcomer
+to install torch into the system Python.
 """
 
 from __future__ import annotations
@@ -21,6 +26,40 @@ from types import TracebackType
 from typing import Any
 
 from extractive_qa.errors import ConfigError, DataError, ScalingError, TrainingDiverged
+
+# What every entry script imports before its own work (requirements.txt); found, not imported.
+REQUIRED = ("torch", "transformers", "numpy", "yaml")
+SETUP = (
+    "python3 -m venv .venv && .venv/bin/pip install --no-deps torch==2.13.0 --index-url "
+    "https://download.pytorch.org/whl/cpu && .venv/bin/pip install -r requirements.txt"
+)
+
+
+def missing_libraries(names: Sequence[str] = REQUIRED) -> list[str]:
+    import importlib.util
+
+    def found(name: str) -> bool:
+        try:
+            return importlib.util.find_spec(name) is not None
+        except ValueError:  # imported already, without a spec
+            return True
+
+    return [name for name in names if not found(name)]
+
+
+def _require_libraries() -> None:
+    if missing := missing_libraries():
+        in_venv = sys.prefix != sys.base_prefix
+        fix = (
+            "install the project's requirements into it: pip install -r requirements.txt"
+            if in_venv
+            else f"activate the project's venv (. .venv/bin/activate), or set it up first: {SETUP}"
+        )
+        print(f"error: {', '.join(missing)} not installed for {sys.executable}; {fix}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+_require_libraries()
 
 INTERRUPTED_EARLY = "interrupted before any work started; nothing to keep."
 WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG)  # only a write meets these

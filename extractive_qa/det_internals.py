@@ -16,11 +16,10 @@ both and join the process group ourselves.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import logging
 import os
-from collections.abc import Collection, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -204,28 +203,6 @@ def shared_fs_checkpoint(exp_conf: dict[str, Any], uuid: str) -> Path | None:
         return None
     manager = storage.build(conf, container_path=constants.SHARED_FS_CONTAINER_PATH)
     return Path(manager._base_path) / uuid
-
-
-@dataclasses.dataclass(frozen=True)
-class ManagedCheckpoint:
-    """A cluster checkpoint in storage this project has no reader of its own for (Azure): read
-    through Determined's storage manager, but only the files `names` lists. Its download writes
-    each key at os.path.join(dst, relpath(key)) (common/storage/azure.py:62-80) and asks the
-    selector first, so a key with '..' parts, or anything else not named, is never fetched; the
-    sizes are bounded by the rewrite's reads after the download, not by a listing before it."""
-
-    conf: dict[str, Any]
-    uuid: str
-
-    @property
-    def url(self) -> str:
-        return f"{self.conf.get('type')} checkpoint {self.uuid}"
-
-    def download(self, target: Path, names: Collection[str]) -> None:
-        from determined.common import constants, storage
-
-        manager = storage.build(self.conf, container_path=constants.SHARED_FS_CONTAINER_PATH)
-        manager.download(self.uuid, str(target), selector=lambda relative: relative in names)
 
 
 @contextlib.contextmanager

@@ -13,14 +13,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from extractive_qa import det_internals, reading
+from extractive_qa import det_internals
 from extractive_qa.config import experiment, run_plan
 from extractive_qa.config.experiment import asha_brackets, from_command_line
 from extractive_qa.config.run_plan import Length, RunPlan, batches_per_epoch, optimizer_steps, total_batches
 from extractive_qa.config.settings import DataSettings, WindowSpec
 from extractive_qa.data.squad_formats import DATASETS_PREFIX
 from extractive_qa.errors import ConfigError, DataError
-from extractive_qa.files import ROOT
+from extractive_qa.io import reading
+from extractive_qa.io.files import ROOT
 from extractive_qa.qa.mixed_precision import local_device, resolve_precision
 from extractive_qa.trial.optimizer_recipes import learning_rate_warning, radam_warning
 
@@ -150,6 +151,7 @@ def count_training_windows(data: DataSettings, root: Path) -> WindowCount:
     from extractive_qa.data.squad_files import (
         OFFICIAL_SHA256,
         cache_name,
+        check_version,
         default_download_dir,
         first_examples,
         load_squad,
@@ -179,6 +181,7 @@ def count_training_windows(data: DataSettings, root: Path) -> WindowCount:
         squad = first_examples(load_squad(local, training=True), data.max_train_examples)
     except (DataError, OSError, ValueError) as err:
         return fallback(f"cannot window it here ({str(err).splitlines()[0][:120]})")
+    check_version(squad, data.squad_version, "data.train_file")  # refused before launch, as the run would
     cache_dir = Path(data.cache_dir or default_download_dir() / "features")
     if not cache_dir.is_absolute():
         cache_dir = root / cache_dir

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from extractive_qa.errors import ScalingError
-from extractive_qa.files import (
+from extractive_qa.io.files import (
     check_new_directory,
     check_output_dir,
     check_outputs,

@@ -13,11 +13,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from extractive_qa import det_internals, reading
+from extractive_qa import det_internals
 from extractive_qa.config import experiment
 from extractive_qa.config.settings import Hyperparameters
 from extractive_qa.errors import ScalingError
-from extractive_qa.files import ROOT, write_text_atomic
+from extractive_qa.io import reading
+from extractive_qa.io.files import ROOT, write_text_atomic
 
 # --------------------------------------------------------------------------------------------
 # A planned run, and what a run reported.

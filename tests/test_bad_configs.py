@@ -140,6 +140,15 @@ PROBES: dict[str, tuple[Any, str]] = {
     "data-list": (changed("data", ["x"]), "data"),
     "data-typo": (changed("data.max_seq_len", 128), "max_seq_len"),
     "squad-version": (changed("data.squad_version", "3.0"), "squad_version"),
+    # v1.1 files (they say so, and none of their questions can be unanswerable) trained as v2.0
+    "squad-version-not-the-files": (
+        changed("data.squad_version", "2.0"),
+        "is SQuAD v1.1 (it says so, and no question in it can be unanswerable) but data.squad_version is 2.0",
+    ),
+    "no-answer-weight-overflows": (
+        hp("no_answer_loss_weight", 1e300),
+        "no_answer_loss_weight: must be <= 100",
+    ),
     "seq-zero": (changed("data.max_seq_length", 0), "max_seq_length"),
     "stride-word": (changed("data.doc_stride", "x"), "doc_stride"),
     "stride-above-window": (changed("data.doc_stride", 256), "doc_stride"),

@@ -306,7 +306,7 @@ def test_null_threshold_tuned_without_a_tuned_threshold_is_refused_before_the_mo
     after the tokenizer and weights load (seconds to a minute)."""
     import shutil
 
-    from extractive_qa import model_files
+    from extractive_qa.io import model_files
     from extractive_qa.serve import model_dir
 
     checkpoint, _ = trained

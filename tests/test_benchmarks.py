@@ -338,7 +338,7 @@ def test_cluster_path_runs_local_yamls_own_length_or_the_batches_asked(tmp_path:
     any other count cuts both paths' runs to that many batches."""
     from bench import cluster_path
     from extractive_qa.config import experiment
-    from extractive_qa.files import ROOT
+    from extractive_qa.io.files import ROOT
 
     own = experiment.load_yaml(ROOT / "local.yaml")["hyperparameters"]["train_length"]
     whole, _ = cluster_path.config_for(0, tmp_path)

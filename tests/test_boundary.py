@@ -10,6 +10,8 @@ from __future__ import annotations
 import ast
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -188,3 +190,17 @@ def test_an_argument_that_is_not_utf8_is_refused_by_the_boundary_of_every_comman
         assert main(["--question", bad]) == 2, name
         err = capsys.readouterr().err
         assert err.startswith("error: argument 2 (caf\\udce9) is not valid UTF-8 text"), (name, err)
+
+
+@pytest.mark.parametrize("script", ["train.py", "predict.py", "export.py", "data.py", "scaling.py"])
+def test_a_python_without_the_libraries_is_told_to_activate_the_venv(script: str) -> None:
+    """Python without the project's venv (here: without its site-packages, -S) gets one line
+    that says to activate the venv or set it up -- not a ModuleNotFoundError traceback that
+    sends a newcomer to pip-install torch into the system Python."""
+    done = subprocess.run(
+        [sys.executable, "-S", script, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert lines[0].startswith("error: torch, transformers, numpy") and "not installed for" in lines[0]
+    assert ". .venv/bin/activate" in lines[0] and "pip install -r requirements.txt" in lines[0]

@@ -1,8 +1,8 @@
-"""Checkpoints in S3 and GCS, against the real APIs on loopback (moto's S3 server,
-gcp-storage-emulator): a checkpoint uploaded by Determined's own storage manager comes back whole
-through an s3:// or gs:// URL; predict.py, export.py and train.py --resume take the URL; what a
-bucket can hold that is not a checkpoint, or not the listed one, gets one line and exit 2 with
-nothing half-written; a planted pickle in a bucket runs nothing."""
+"""Checkpoints in S3, GCS and Azure Blob, against the real APIs on loopback (moto's S3 server,
+gcp-storage-emulator, Azurite): a checkpoint uploaded by Determined's own storage manager comes
+back whole through an s3://, gs:// or azure:// URL; predict.py, export.py and train.py --resume
+take the URL; what a bucket can hold that is not a checkpoint, or not the listed one, gets one
+line and exit 2 with nothing half-written; a planted pickle in a bucket runs nothing."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from extractive_qa import buckets, reading
-from extractive_qa.errors import DataError
+from extractive_qa.io import reading
+from extractive_qa.storage import private_copy, source, where
 from tests.support import object_stores
 from tests.support.project import DEV_V1, completed, run_train, trained_config
 
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.cluster_stack  # the SDKs and the resume guard on both 
 QUESTION = ["--question", "Who won the title?", "--context", "Denver won the title in 2016."]
 
 
-@pytest.fixture(scope="module", params=object_stores.KINDS)
+@pytest.fixture(scope="module", params=[*object_stores.KINDS, "azure"])
 def store(request: pytest.FixtureRequest) -> Iterator[object_stores.ObjectStore]:
     with object_stores.object_store(request.param) as store:
         yield store
@@ -43,6 +43,11 @@ def private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, store: object_store
     for key, value in store.env.items():
         monkeypatch.setenv(key, value)
     return tmp_path / "tmp" / f"extractive-qa-{os.getuid()}"
+
+
+def cached(url: str, what: str, part: str | None = None) -> Path:
+    """The checkpoint at `url` in the private cache, as predict.py (part="hf") and --resume keep it."""
+    return private_copy.cached(where.source_for(url, what), what, source.checkpoint_limit, part=part)
 
 
 def uploaded(store: object_stores.ObjectStore, checkpoint: Path, name: str) -> str:
@@ -66,15 +71,14 @@ def test_a_checkpoint_goes_up_and_comes_back_whole_once(trained, store, private:
     try:
         url = uploaded(store, ckpt, "whole")
         listed = store.listing(f"{object_stores.PREFIX}/whole/")
-        copy = buckets.cached_checkpoint(url, "--checkpoint")
+        copy = cached(url, "--checkpoint")
         assert tree(copy) == tree(ckpt)
     finally:
         (ckpt / "empty-dir").rmdir()
     assert sum(listed.values()) == sum(p.stat().st_size for p in ckpt.rglob("*") if p.is_file())
     assert {k for k in listed if k.endswith("/")} >= {f"{object_stores.PREFIX}/whole/hf/"}
     assert copy.parent == private / "checkpoints" and (private / "checkpoints").stat().st_mode & 0o077 == 0
-    store.delete(f"{object_stores.PREFIX}/whole/")
-    assert buckets.cached_checkpoint(url, "--checkpoint") == copy  # from the copy: the bucket is empty
+    assert cached(url, "--checkpoint") == copy  # reused: the listing is the one it was fetched from
 
 
 def test_serving_fetches_only_hf_and_a_resume_the_whole_checkpoint(trained, store, private: Path) -> None:
@@ -83,18 +87,17 @@ def test_serving_fetches_only_hf_and_a_resume_the_whole_checkpoint(trained, stor
     the whole checkpoint, and serving then reuses that copy."""
     ckpt, _ = trained
     url = uploaded(store, ckpt, "served-part")
-    part = buckets.cached_checkpoint(url, "--checkpoint", part="hf")
+    part = cached(url, "--checkpoint", part="hf")
     wanted = {k: v for k, v in tree(ckpt).items() if k == "metadata.json" or k.startswith("hf")}
     assert tree(part) == wanted and not (part / "state_dict.pth").exists()
-    assert buckets.cached_checkpoint(url, "--checkpoint", part="hf") == part  # reused
-    whole = buckets.cached_checkpoint(url, "--resume")
+    assert cached(url, "--checkpoint", part="hf") == part  # reused
+    whole = cached(url, "--resume")
     assert whole != part and tree(whole) == tree(ckpt)
     other = uploaded(store, ckpt, "resumed-first")
-    first = buckets.cached_checkpoint(other, "--resume")
-    assert buckets.cached_checkpoint(other, "--checkpoint", part="hf") == first
+    first = cached(other, "--resume")
+    assert cached(other, "--checkpoint", part="hf") == first
     store.put(f"{object_stores.PREFIX}/no-hf/metadata.json", b"{}")
-    with pytest.raises(DataError, match="the checkpoint holds no hf/; give one train.py wrote"):
-        buckets.cached_checkpoint(store.url("no-hf"), "--checkpoint", part="hf")
+    assert "not a checkpoint of this project (no hf/config.json" in _refused(store.url("no-hf"))
 
 
 def test_predict_and_resume_take_a_bucket_url(trained, store, private: Path, tmp_path: Path) -> None:
@@ -173,7 +176,7 @@ def test_a_key_that_would_leave_the_directory_is_refused_before_anything_is_fetc
     bad = "../../outside" if store.kind == "s3" else "hf//config.json"  # the emulator refuses '..'
     store.put(f"{object_stores.PREFIX}/climbing/{bad}", b"x")
     fetched: list[str] = []
-    monkeypatch.setattr(buckets.BoundedWriter, "write", lambda self, data: fetched.append(self.shown))
+    monkeypatch.setattr(source.BoundedFile, "write", lambda self, data: fetched.append(self.shown))
     line = _refused(url)
     assert "has an empty, '.' or '..' part; refusing the checkpoint" in line and bad in line
     assert fetched == [] and not list((private / "checkpoints").iterdir())
@@ -185,7 +188,7 @@ def test_an_object_over_its_limit_is_refused_from_the_listing(
     ckpt, _ = trained
     url = uploaded(store, ckpt, "large")
     fetched: list[str] = []
-    monkeypatch.setattr(buckets.BoundedWriter, "write", lambda self, data: fetched.append(self.shown))
+    monkeypatch.setattr(source.BoundedFile, "write", lambda self, data: fetched.append(self.shown))
     monkeypatch.setattr(reading, "MODEL_FILE", reading.Kind("model file", 1000))
     line = _refused(url)
     assert (
@@ -202,13 +205,15 @@ def test_an_object_that_differs_from_its_listing_is_refused(
     connection was cut): refused, and no copy is kept."""
     ckpt, _ = trained
     url = uploaded(store, ckpt, "changing")
-    listed = buckets.list_checkpoint
+    from extractive_qa.storage.buckets import BucketSource
 
-    def listing_of_another_size(*args, **kwargs):
-        entries = listed(*args, **kwargs)
-        return [buckets.Entry(e.name, e.size + off_by) if e.name == "hf/config.json" else e for e in entries]
+    listed = BucketSource.listing
 
-    monkeypatch.setattr(buckets, "list_checkpoint", listing_of_another_size)
+    def listing_of_another_size(self, progress):
+        entries = listed(self, progress)
+        return [source.Entry(e.name, e.size + off_by) if e.name == "hf/config.json" else e for e in entries]
+
+    monkeypatch.setattr(BucketSource, "listing", listing_of_another_size)
     line = _refused(url)
     assert "hf/config.json" in line
     assert ("cut short" in line) if off_by > 0 else ("more bytes arrived" in line)
@@ -257,24 +262,23 @@ def test_a_planted_pickle_in_a_bucket_runs_nothing(trained, store, private: Path
     assert not marker.exists()
 
 
-def test_other_storage_is_read_through_determined_for_the_resume_files_alone(
-    trained, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_a_cluster_restore_fetches_the_resume_files_alone_into_a_private_directory(
+    trained, store, private: Path, tmp_path: Path
 ) -> None:
-    """A cluster checkpoint in storage without a reader here (Azure) is fetched through
-    Determined's storage manager with a selector naming the files a resume reads: nothing else
-    arrives, and the directory is private and gone afterwards ('directory' storage stands in)."""
-    from extractive_qa import det_internals
-    from extractive_qa.resume import restore
-
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    """The master's latest checkpoint in a bucket (checkpoint_storage, as a cloud cluster gives
+    it) is one source among the others: the files a resume reads, and nothing else, arrive in a
+    private directory that is gone afterwards."""
     ckpt, _ = trained
-    conf = {"type": "directory", "container_path": str(ckpt.parent)}
-    checkpoint = det_internals.ManagedCheckpoint(conf, ckpt.name)
-    limits = {"metadata.json": 1, "trial_state.pkl": 1, "state_dict.pth": 1, "no-such-file": 1}
-    with restore._downloaded(checkpoint, "DET_LATEST_CHECKPOINT", limits) as local:
-        fetched = sorted(p.name for p in local.rglob("*"))
-        assert fetched == ["metadata.json", "state_dict.pth", "trial_state.pkl"]
-        assert local.parent == tmp_path / f"extractive-qa-{os.getuid()}"
-        assert local.stat().st_mode & 0o077 == 0
-        assert (local / "state_dict.pth").read_bytes() == (ckpt / "state_dict.pth").read_bytes()
+    uploaded(store, ckpt, "latest")
+    with store.environment():
+        src = where.in_storage({"checkpoint_storage": store.storage()}, "latest")
+        limits = {"metadata.json": 1 << 20, "trial_state.pkl": 1 << 20, "state_dict.pth": 1 << 30,
+                  "no-such-file": 1}  # fmt: skip
+        with private_copy.fetched(
+            src, "DET_LATEST_CHECKPOINT", limits.__getitem__, limits.__contains__
+        ) as local:
+            fetched = sorted(p.name for p in local.rglob("*"))
+            assert fetched == ["metadata.json", "state_dict.pth", "trial_state.pkl"]
+            assert local.parent == private and local.stat().st_mode & 0o077 == 0
+            assert (local / "state_dict.pth").read_bytes() == (ckpt / "state_dict.pth").read_bytes()
     assert not local.exists()

@@ -164,7 +164,7 @@ def test_every_report_carries_the_windows_throughput_for_the_webui(two_slots) ->
 
 @pytest.fixture
 def storage(request: pytest.FixtureRequest) -> Any:
-    """checkpoint_storage for a run: shared_fs (None), or an S3 or GCS bucket on loopback."""
+    """checkpoint_storage for a run: shared_fs (None), or an S3, GCS or Azure bucket on loopback."""
     if request.param == "shared_fs":
         yield None
         return
@@ -223,10 +223,10 @@ def test_pause_and_resume_equal_an_uninterrupted_run(two_slots, tmp_path: Path, 
 
 
 @needs_containers
-@pytest.mark.parametrize("storage", ["gcs"], indirect=True)
+@pytest.mark.parametrize("storage", ["gcs", "azure"], indirect=True)
 def test_killed_rank_restarts_from_the_latest_checkpoint(two_slots, tmp_path: Path, storage: Any) -> None:
-    """Rank 1 killed at step 8, checkpoints in GCS: the restart continues from step 6's and ends
-    as the uninterrupted run on shared_fs did."""
+    """Rank 1 killed at step 8, checkpoints in GCS or Azure Blob: the restart continues from step
+    6's and ends as the uninterrupted run on shared_fs did."""
     _, conf, hp, baseline = two_slots
     killed: list[int] = []
 
@@ -334,7 +334,11 @@ class RunsACommand:
 @pytest.mark.parametrize(
     "storage",
     # On the image's torch 2.3 too (.ci/compat); one API there, as both share the download.
-    [pytest.param("s3", marks=pytest.mark.cluster_stack), "gcs"],
+    [
+        pytest.param("s3", marks=pytest.mark.cluster_stack),
+        "gcs",
+        pytest.param("azure", marks=pytest.mark.cluster_stack),
+    ],
     indirect=True,
 )
 def test_a_checkpoint_planted_in_the_bucket_runs_nothing(two_slots, tmp_path: Path, storage: Any) -> None:

@@ -178,3 +178,24 @@ def test_every_yaml_passes_determineds_schema() -> None:
     assert len(yamls) >= 5
     out = subprocess.run([sys.executable, str(checker), *yamls], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_every_float_setting_has_a_bound_above_with_its_reason() -> None:
+    """A float setting without an upper bound can overflow the run it configures
+    (no_answer_loss_weight=1e300 overflowed the first loss): each has a maximum with its reason,
+    or an exclusive bound below 1 (a ratio or a decay)."""
+    import dataclasses
+
+    from extractive_qa.config.settings import DataSettings, Hyperparameters, check_setting
+    from extractive_qa.errors import ConfigError
+
+    for cls in (Hyperparameters, DataSettings):
+        for field in dataclasses.fields(cls):
+            if field.type not in ("float", "float | None"):
+                continue
+            meta = field.metadata
+            assert ("maximum" in meta and meta.get("why_maximum")) or "below" in meta, field.name
+    with pytest.raises(
+        ConfigError, match=r"no_answer_loss_weight: must be <= 100.0 \(the loss is a weighted mean"
+    ):
+        check_setting("no_answer_loss_weight", 1e300, "hyperparameters.no_answer_loss_weight")

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from extractive_qa.files import ROOT
+from extractive_qa.io.files import ROOT
 
 PROBE = """
 import resource, sys, torch

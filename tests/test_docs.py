@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from bench import doc_blocks, docs, results_files
-from extractive_qa.files import ROOT
+from extractive_qa.io.files import ROOT
 
 EDITS = int(os.environ.get("DOCS_RANDOM_EDITS", "20"))  # per kind; each edit costs one check (~0.2 s)
 

@@ -165,3 +165,60 @@ def test_an_export_that_answers_differently_is_refused_and_nothing_written(
     with pytest.raises(DataError, match=r"differ from PyTorch's by 0\.01 \(> 0\.001\)"):
         export_dir.export(str(checkpoint), out, None, 16, int8=False)
     assert not out.exists() or not any(out.iterdir())
+
+
+def test_an_export_carries_no_code_and_records_every_file_it_holds(trained, tmp_path: Path) -> None:
+    """A checkpoint whose hf/ holds a module and a config naming it (auto_map: what a loader with
+    trust_remote_code=True would import) is refused with nothing written; a stray module without
+    one is not copied. The record names the checkpoint (as given, its UUID, its weights' SHA-256)
+    and every file with its SHA-256; every file has the same mode."""
+    import hashlib
+    import shutil
+    import stat
+
+    checkpoint, _ = trained
+    planted = tmp_path / "4b3d0a2c-7d11-4f7e-9d6c-0123456789ab"
+    shutil.copytree(checkpoint, planted)
+    (planted / "hf" / "evil.py").write_text("import os\nos.system('touch /tmp/ran')\n")
+    export_dir.export(str(planted), tmp_path / "a", None, 16, int8=False)
+    assert not (tmp_path / "a" / "evil.py").exists()
+    record = json.loads((tmp_path / "a" / "export.json").read_text())
+    weights = hashlib.sha256((planted / "hf" / "model.safetensors").read_bytes()).hexdigest()
+    assert record["source"] == {"checkpoint": str(planted), "uuid": planted.name, "weights_sha256": weights}
+    held = {p.name for p in (tmp_path / "a").iterdir()} - {"export.json"}
+    assert set(record["files"]) == held
+    for name, digest in record["files"].items():
+        assert hashlib.sha256((tmp_path / "a" / name).read_bytes()).hexdigest() == digest, name
+    assert len({stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "a").iterdir()}) == 1
+    config = json.loads((planted / "hf" / "config.json").read_text())
+    config["auto_map"] = {"AutoModelForQuestionAnswering": "evil.Model"}
+    (planted / "hf" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(
+        DataError, match=r"config.json's auto_map .* names code to run; an export carries no code"
+    ):
+        export_dir.export(str(planted), tmp_path / "b", None, 16, int8=False)
+    assert not (tmp_path / "b").exists()
+
+
+def test_an_export_of_another_checkpoint_is_replaced_only_when_asked(trained, tmp_path: Path, capsys) -> None:
+    """--out holding this checkpoint's export: replaced, and said; another checkpoint's: refused
+    unless --overwrite (export.json names which checkpoint each came from)."""
+    import shutil
+
+    checkpoint, _ = trained
+    out = tmp_path / "exported"
+    export_dir.export(str(checkpoint), out, None, 16, int8=False)
+    export_dir.export(str(checkpoint), out, None, 16, int8=False)
+    assert "replacing the export of the same checkpoint" in capsys.readouterr().err
+    other = tmp_path / "other"
+    shutil.copytree(checkpoint, other)
+    weights = other / "hf" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1  # another checkpoint's weights (a last bit of the last tensor)
+    weights.write_bytes(bytes(data))
+    with pytest.raises(
+        DataError, match=rf"holds an export of another checkpoint \({checkpoint}\); .* --overwrite"
+    ):
+        export_dir.export(str(other), out, None, 16, int8=False)
+    export_dir.export(str(other), out, None, 16, int8=False, overwrite=True)
+    assert json.loads((out / "export.json").read_text())["source"]["checkpoint"] == str(other)

@@ -131,7 +131,7 @@ def test_cache_entries_and_outputs_are_readable_by_others_as_the_umask_says(
     import os
     import stat
 
-    from extractive_qa.files import write_text_atomic
+    from extractive_qa.io.files import write_text_atomic
 
     old = os.umask(0o022)
     try:

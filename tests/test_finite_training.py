@@ -51,7 +51,7 @@ def test_a_state_holding_a_non_finite_value_is_named_and_stops_the_run() -> None
     """What the workload's end and the chief's save check: a NaN weight or optimizer moment stops
     the run before anything of it is written, naming the tensor."""
     hp = Hyperparameters()
-    guard = FiniteGuard(hp, 3e-5, context=None, loss_scaled=False)
+    guard = FiniteGuard(hp, 3e-5, TrainingDiverged, loss_scaled=False)
     moments = {"exp_avg_sq": torch.ones(2), "step": torch.tensor(3.0)}
     good = {"models_state_dict": [{"w": torch.ones(2), "ids": torch.arange(2)}],
             "optimizers_state_dict": [{"state": {0: moments}}]}  # fmt: skip
@@ -71,12 +71,18 @@ def test_a_state_holding_a_non_finite_value_is_named_and_stops_the_run() -> None
 
 def test_a_gradient_norm_is_judged_except_where_the_loss_scaler_owns_it() -> None:
     hp = Hyperparameters(max_grad_norm=0.0)
-    guard = FiniteGuard(hp, 3e-5, context=None, loss_scaled=False)
+    guard = FiniteGuard(hp, 3e-5, TrainingDiverged, loss_scaled=False)
     guard.gradient_norm(torch.tensor(5.0), torch.tensor(1.0), 0)
     with pytest.raises(TrainingDiverged, match="at batch 8 the gradient norm is inf.*max_grad_norm: 0"):
         guard.gradient_norm(torch.tensor(float("inf")), torch.tensor(2.0), 7)
+    # what a stop every rank takes ends in is the driver's value; the chief's save alone stops locally
+    ended = []
+    on_cluster = FiniteGuard(hp, 3e-5, lambda message: ended.append(message) or KeyError(message), False)
+    with pytest.raises(KeyError, match="at batch 3 the gradient norm is nan"):
+        on_cluster.gradient_norm(torch.tensor(float("nan")), torch.tensor(2.0), 2)
+    assert len(ended) == 1 and isinstance(on_cluster.stop("saved", every_rank=False), TrainingDiverged)
     # fp16: the scaler skips a step with non-finite gradients and lowers its scale.
-    FiniteGuard(hp, 3e-5, context=None, loss_scaled=True).gradient_norm(
+    FiniteGuard(hp, 3e-5, TrainingDiverged, loss_scaled=True).gradient_norm(
         torch.tensor(float("nan")), torch.tensor(1.0), 0
     )
 

@@ -61,7 +61,7 @@ def test_jsonl_as_datasets_writes_it_and_a_json_array(tmp_path: Path) -> None:
 def test_each_line_of_a_json_lines_file_is_parsed_once(tmp_path: Path, monkeypatch) -> None:
     """The first line tells JSON Lines from SQuAD's document; the record it parsed is the first
     record, not parsed again (before: the first line was parsed twice)."""
-    from extractive_qa import reading
+    from extractive_qa.io import reading
 
     squad = squad_files.load_squad(DEV_V1, training=False)
     lines = tmp_path / "dev.jsonl"

@@ -15,11 +15,10 @@ from tests.support.project import ROOT
 
 PACKAGE = ROOT / "extractive_qa"
 ENTRY_SCRIPTS = {p.stem for p in ROOT.glob("*.py")}
-# The stages in the order a run goes through them; the base serves them all.
-BASE = (
-    "errors", "reading", "model_files", "cli", "det_internals", "files", "private_dir", "buckets",
-    "compat",
-)  # fmt: skip
+# The stages in the order a run goes through them; the base serves them all: modules and folders
+# (io/: files in and out; storage/: where a checkpoint lies), in the order they may import.
+BASE = ("errors", "det_internals", "io", "cli", "storage", "compat")
+BASE_FOLDERS = ("io", "storage")
 STAGES = ("config", "data", "qa", "resume", "trial", "launch", "serve")
 TOP = ("dry_run", "scaling_runs", "scaling_report")
 # Past this, a module says in its docstring why it is still one idea ("One idea: ...").
@@ -52,14 +51,16 @@ def module_name(path: Path) -> str:
     return ".".join(path.relative_to(ROOT).with_suffix("").parts)
 
 
-def rank(module: str) -> tuple[int, int]:
-    """(layer, position in its folder's reading line) of a package module."""
+def rank(module: str) -> tuple[int, int, int]:
+    """(layer, position, position in its folder's reading line) of a package module."""
     parts = module.split(".")[1:]
+    if parts[0] in BASE_FOLDERS:
+        return 0, BASE.index(parts[0]), reading_line(parts[0]).index(parts[1])
     if parts[0] in BASE:
-        return 0, BASE.index(parts[0])
+        return 0, BASE.index(parts[0]), 0
     if parts[0] in TOP:
-        return len(STAGES) + 1, TOP.index(parts[0])
-    return STAGES.index(parts[0]) + 1, reading_line(parts[0]).index(parts[1])
+        return len(STAGES) + 1, TOP.index(parts[0]), 0
+    return STAGES.index(parts[0]) + 1, reading_line(parts[0]).index(parts[1]), 0
 
 
 def reading_line(stage: str) -> list[str]:
@@ -131,13 +132,34 @@ def test_the_package_is_its_stages() -> None:
     """Every folder is a stage with a reading line naming exactly its modules; nothing else sits
     at the package's top."""
     top = {p.stem for p in PACKAGE.glob("*.py")} - {"__init__"}
-    assert top == set(BASE) | set(TOP)
-    assert {p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__"} == set(STAGES)
-    for stage in STAGES:
+    assert top == set(BASE) - set(BASE_FOLDERS) | set(TOP)
+    folders = {p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert folders == set(STAGES) | set(BASE_FOLDERS)
+    for stage in (*BASE_FOLDERS, *STAGES):
         on_disk = {p.stem for p in (PACKAGE / stage).glob("*.py")} - {"__init__"}
         assert sorted(reading_line(stage)) == sorted(on_disk), f"{stage}/__init__.py reading line"
     overview = ast.get_docstring(ast.parse((PACKAGE / "__init__.py").read_text())) or ""
     assert " -> ".join(STAGES) in overview
+
+
+def package_lines() -> dict[str, int]:
+    """Lines per folder of the package; the modules at its top (the base's and the top's) count
+    as one folder each."""
+    counts: dict[str, int] = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE).parts
+        folder = parts[0] if len(parts) > 1 else ("top" if path.stem in TOP else "base")
+        counts[folder] = counts.get(folder, 0) + path.read_text().count("\n")
+    return counts
+
+
+def test_no_folder_holds_more_than_a_fifth_of_the_package() -> None:
+    """The package's size is spread over its stages: no folder -- the base's modules together
+    included -- passes 20 % of its lines, so no stage grows into a second library unseen."""
+    counts = package_lines()
+    total = sum(counts.values())
+    heavy = {folder: f"{lines / total:.1%}" for folder, lines in counts.items() if lines > 0.20 * total}
+    assert not heavy, heavy
 
 
 def test_imports_go_down_the_stages_and_along_the_reading_lines() -> None:
@@ -281,19 +303,25 @@ def does_nothing(function: ast.FunctionDef) -> bool:
 
 
 def test_the_drivers_are_one_protocol_and_say_nothing_only_there(tmp_path: Path) -> None:
-    """launch/driver.RunDriver is the interface train.py drives: one method, `run`, which both
+    """launch/trial_run.RunDriver is the interface train.py drives: one method, `run`, which both
     drivers write themselves (no step either inherits, so none is a no-op it has to carry);
-    driver_for returns it, and no driver method is a no-op of its own."""
-    from extractive_qa.launch import cluster_run, driver, local_run
+    launch/driver.driver_for, beside neither driver, returns it; no driver method is a no-op of
+    its own, and neither driver keeps state that a later step fills in (frozen dataclasses)."""
+    import dataclasses
+
+    from extractive_qa.launch import cluster_run, driver, local_run, trial_run
 
     protocol = next(
-        c for c in ast.parse((PACKAGE / "launch" / "driver.py").read_text()).body
+        c for c in ast.parse((PACKAGE / "launch" / "trial_run.py").read_text()).body
         if isinstance(c, ast.ClassDef) and c.name == "RunDriver"
     )  # fmt: skip
     assert [f.name for f in protocol.body if isinstance(f, ast.FunctionDef)] == ["run"]
     for run in (cluster_run.ClusterRun, local_run.LocalRun):
-        assert driver.RunDriver in run.__mro__ and "run" in vars(run), run
-    assert cluster_run.driver_for.__annotations__["return"] == "RunDriver"
+        assert trial_run.RunDriver in run.__mro__ and "run" in vars(run), run
+        assert run.__dataclass_params__.frozen, run  # type: ignore[attr-defined]
+        assert all(f.default is dataclasses.MISSING for f in dataclasses.fields(run)), run
+    assert driver.driver_for.__annotations__["return"] == "RunDriver"
+    assert not hasattr(cluster_run, "driver_for") and not hasattr(local_run, "prepare")
 
     def no_ops(path: Path) -> list[str]:
         tree = ast.parse(path.read_text())
@@ -305,3 +333,35 @@ def test_the_drivers_are_one_protocol_and_say_nothing_only_there(tmp_path: Path)
     planted = tmp_path / "planted.py"  # the scan finds a no-op step
     planted.write_text("class X(RunDriver):\n    def report(self, slots):\n        '''Nothing.'''\n")
     assert no_ops(planted) == ["report"]
+
+
+def test_the_trial_asks_nowhere_where_it_runs() -> None:
+    """Everything that differs by where the trial runs comes from its driver (TrialExtras): the
+    trial and its modules never ask Determined whether they are on a cluster, and never catch
+    the error a local run's context raises for a cluster-only call."""
+    asks = ("cluster_trial", "get_cluster_info", "InternalException", "get_trial_seed")
+    offenders = [
+        f"{path.relative_to(ROOT)}: {word}"
+        for path in [ROOT / "model_def.py", *(PACKAGE / "trial").glob("*.py")]
+        for word in asks
+        if word in path.read_text()
+    ]
+    assert not offenders, offenders
+    assert (ROOT / "model_def.py").read_text().count("\n") <= 220
+
+
+def test_the_development_map_is_the_tree() -> None:
+    """docs/development.md's table of the library's stages names every module of the package in
+    its rows, each folder and base module once in the order they import each other, and nothing
+    that is not there: moving or adding a module fails here until the map says so."""
+    text = (ROOT / "docs" / "development.md").read_text()
+    section = text.split("### The library's stages", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    firsts = [re.findall(r"`([a-z_]+)(?:\.py|/)`", row.split(" | ")[0]) for row in rows]
+    listed = [name for names in firsts for name in names]
+    assert listed == [*BASE, *STAGES, *TOP], listed
+    named = set(re.findall(r"`([a-z_]+)`", section))
+    missing = sorted(
+        p.stem for p in PACKAGE.rglob("*.py") if p.stem != "__init__" and p.stem not in named | set(listed)
+    )
+    assert not missing, f"modules the map does not name: {missing}"

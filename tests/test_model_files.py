@@ -1,4 +1,4 @@
-"""A model directory goes through the one reader (extractive_qa/model_files.py): transformers builds
+"""A model directory goes through the one reader (extractive_qa/io/model_files.py): transformers builds
 the model from a config and tensors the reader read, and is never handed the directory itself --
 neither the pretrained model a run trains from nor the checkpoint predict.py and export.py load."""
 
@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import torch
 
-from extractive_qa import model_files, reading
 from extractive_qa.config.model_family import qa_model_class
+from extractive_qa.io import model_files, reading
 from extractive_qa.trial import model_io
 from tests.support.project import run_main, run_train, tiny_config, write_yaml
 

@@ -290,7 +290,7 @@ def test_a_link_in_hf_is_refused_by_the_export_not_copied(trained, tmp_path: Pat
 def test_copies_keep_a_narrower_mode_and_checkpoint_files_share_one(trained, tmp_path: Path) -> None:
     import stat
 
-    from extractive_qa.files import copy_plain_file
+    from extractive_qa.io.files import copy_plain_file
 
     private = tmp_path / "private"
     private.write_text("x")

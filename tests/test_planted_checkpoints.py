@@ -654,3 +654,39 @@ def test_a_nan_learning_rate_or_moment_is_refused(trained, tmp_path: Path) -> No
         code, _, err = resume(checkpoint, planted, tmp_path)
         refused(code, err, "state_dict.pth", "finite settings" if change == "lr" else "NaN or infinite")
         nothing_written(tmp_path)
+
+
+@pytest.mark.parametrize("planted_file", ["state_dict.pth", "trial_state.pkl", "experiment.json"])
+def test_a_resume_reads_only_files_you_own_that_no_one_else_can_change(
+    planted_file: str, trained, tmp_path: Path, caplog
+) -> None:
+    """Determined makes a shared_fs checkpoint directory 0777: another user can replace a file of
+    *your* checkpoint. A file the resume decodes that belongs to someone else, or that others can
+    change, is refused naming it; `--resume auto` skips such a checkpoint for your own (none is
+    left here: it starts afresh, saying what it skipped)."""
+    import logging
+
+    checkpoint, _ = trained
+    storage = tmp_path / "c" / "determined"
+    planted = copy_of(checkpoint, storage, checkpoint.name)
+    planted.chmod(0o777)
+    target = planted / planted_file
+    target.chmod(0o666)  # anyone can rewrite it
+    code, _, err = resume(checkpoint, planted, tmp_path)
+    refused(code, err, planted_file, "can be changed by other users (mode 666)")
+    target.chmod(0o644)
+    if os.getuid() == 0:  # root can give the file to another user, as a planted one would be
+        os.chown(target, 12345, 12345)
+        code, _, err = resume(checkpoint, planted, tmp_path)
+        refused(code, err, planted_file, "belongs to user 12345, not to you")
+    else:
+        target.chmod(0o646)
+    caplog.set_level(logging.INFO)
+    args = ["--config", str(trained_config(checkpoint)), "--resume", "auto", "--batches", "2",
+            "--checkpoint-dir", str(tmp_path / "c")]  # fmt: skip
+    code, result, err = run_train(args)
+    assert code == 0, err[-3000:]
+    assert "skipped 1 checkpoint(s)" in caplog.text and "no checkpoint of this run" in caplog.text, (
+        caplog.text
+    )
+    assert result["steps_completed"] == 2  # trained from the start, not on the planted file

@@ -1,4 +1,4 @@
-"""The one reader (extractive_qa/reading.py): every file the project reads goes through it, and it
+"""The one reader (extractive_qa/io/reading.py): every file the project reads goes through it, and it
 refuses what is not a regular file of its kind's size, and JSON that is not strictly JSON, with
 one line naming the file -- never a hang, a whole /dev/zero read, or a traceback."""
 
@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from extractive_qa import reading
 from extractive_qa.config.model_family import EMBEDDED_MODEL, resolve_pretrained
 from extractive_qa.data.features import load_tokenizer
-from extractive_qa.files import ROOT
+from extractive_qa.io import reading
+from extractive_qa.io.files import ROOT
 
 # --------------------------------------------------------------------------------------------
 # No read outside the reader.
@@ -36,7 +36,7 @@ def shipped_files() -> list[Path]:
 
 def reads_outside_the_reader(path: Path) -> list[str]:
     relative = str(path.relative_to(ROOT))
-    if relative == "extractive_qa/reading.py":
+    if relative == "extractive_qa/io/reading.py":
         return []
     found = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
@@ -70,7 +70,7 @@ def reads_outside_the_reader(path: Path) -> list[str]:
 
 def test_every_file_the_project_reads_goes_through_the_one_reader() -> None:
     found = [line for path in shipped_files() for line in reads_outside_the_reader(path)]
-    assert not found, "reads outside extractive_qa/reading.py:\n" + "\n".join(found)
+    assert not found, "reads outside extractive_qa/io/reading.py:\n" + "\n".join(found)
 
 
 def test_the_scan_finds_a_plain_read(tmp_path: Path) -> None:

@@ -185,11 +185,11 @@ def independent(line: str) -> bool:
 
 @pytest.fixture(scope="module")
 def stores() -> Any:
-    """The README's bucket, my-checkpoints, with the prefix squad, in S3 and in GCS on loopback."""
+    """The README's bucket, my-checkpoints, with the prefix squad, in S3, GCS and Azure on loopback."""
     with contextlib.ExitStack() as stack:
         found = [
             stack.enter_context(object_stores.object_store(kind, "my-checkpoints"))
-            for kind in object_stores.KINDS
+            for kind in (*object_stores.KINDS, "azure")
         ]
         for store in found:
             store.prefix = "squad"

@@ -295,8 +295,8 @@ def test_a_resume_from_a_directory_says_where_it_goes_on_and_reads_each_record_o
     what it parsed to the identity checks (experiment.json was parsed three to four times)."""
     import logging
 
-    from extractive_qa import reading
-    from extractive_qa.private_dir import private_root
+    from extractive_qa.io import reading
+    from extractive_qa.storage.private_copy import private_root
 
     checkpoint, _ = trained
     caplog.set_level(logging.INFO)

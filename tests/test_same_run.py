@@ -36,24 +36,65 @@ def test_a_refused_resume_prints_the_command_that_is_accepted(trained, tmp_path:
     assert code == 0 and result["steps_completed"] == 8, err[-3000:]
 
 
-def test_the_same_run_typed_again_says_where_the_earlier_one_is(trained, tmp_path: Path, caplog) -> None:
-    """The first command typed twice trained again from scratch without a word; now it names the
-    earlier checkpoint and how to see its result without training."""
+def test_a_refused_resume_prints_a_command_that_reproduces_the_whole_run(trained, tmp_path: Path) -> None:
+    """The command a refusal prints sets every setting the checkpoint's run had otherwise -- its
+    validation file too, which identifies nothing, so that pasted it validates on the same
+    questions: the resumed run records the settings the checkpoint did."""
+    import shlex
+
     checkpoint, _ = trained
-    earlier = tmp_path / "c" / "determined" / "earlier"
-    shutil.copytree(checkpoint, earlier)
+    mine = tmp_path / "ck"
+    shutil.copytree(checkpoint, mine)
+    recorded = json.loads((mine / "experiment.json").read_text())["settings"]
+    other_dev = tmp_path / "other-dev.json"
+    other_dev.write_text(Path(recorded["data.validation_file"]).read_text())
+    typed = ["--config", str(trained_config(checkpoint)), "--resume", str(mine), "--batches", "8",
+             "--set", "hyperparameters.learning_rate=0.5", "--set", f"data.validation_file={other_dev}",
+             "--checkpoint-dir", str(tmp_path / "c")]  # fmt: skip
+    code, _, err = run_train(typed)
+    assert code == 2 and "Resume with its settings: python3 train.py " in err, err
+    words = shlex.split(err.split("Resume with its settings: ", 1)[1].strip())
+    assert f"data.validation_file={recorded['data.validation_file']}" in words, words
+    code, result, err = run_train(words[2:])
+    assert code == 0 and result["steps_completed"] == 8, err[-3000:]
+    resumed = json.loads((Path(result["checkpoint"]) / "experiment.json").read_text())["settings"]
+    assert resumed == recorded
+
+
+def test_the_same_command_typed_again_continues_its_run(trained, tmp_path: Path, caplog) -> None:
+    """A command typed again beside its own checkpoint continues it (as --resume auto) and keeps
+    only the newest of the run's checkpoints; --restart trains from the beginning and says which
+    checkpoints of these settings stay beside it and how large."""
+    checkpoint, _ = trained
     config = str(trained_config(checkpoint))
-    with caplog.at_level("WARNING", logger="squad"):
-        code, result, err = run_train(
-            ["--config", config, "--batches", "1", "--checkpoint-dir", str(tmp_path / "c")]
-        )
-    assert code == 0 and result["steps_completed"] == 1, err[-3000:]
-    assert (
-        f"a run with these settings already wrote {earlier}" in caplog.text and "--resume auto" in caplog.text
-    )
+    ck = tmp_path / "c"
+    code, first, err = run_train(["--config", config, "--batches", "2", "--checkpoint-dir", str(ck)])
+    assert code == 0 and first["steps_completed"] == 2, err[-3000:]
+    with caplog.at_level("INFO", logger="squad"):
+        code, again, err = run_train(["--config", config, "--batches", "4", "--checkpoint-dir", str(ck)])
+    assert code == 0 and again["steps_completed"] == 4, err[-3000:]
+    assert f"continuing this run's checkpoint {first['checkpoint']} at batch 2" in caplog.text
+    kept = sorted(p.name for p in (ck / "determined").iterdir() if not p.name.startswith("."))
+    assert kept == [Path(again["checkpoint"]).name]  # the run's earlier checkpoint is not kept unseen
     caplog.clear()
     with caplog.at_level("WARNING", logger="squad"):
-        code, _, err = run_train(
-            ["--config", config, "--batches", "1", "--checkpoint-dir", str(tmp_path / "d")]
+        code, restarted, err = run_train(
+            ["--config", config, "--batches", "1", "--checkpoint-dir", str(ck), "--restart"]
         )
-    assert code == 0 and "already wrote" not in caplog.text
+    assert code == 0 and restarted["steps_completed"] == 1, err[-3000:]
+    said = caplog.text
+    assert "--restart: training from the beginning; 1 earlier checkpoint(s)" in said and " MB (" in said
+    assert again["checkpoint"] in said
+
+
+def test_placeholders_and_settings_without_their_section_are_explained(trained, tmp_path: Path) -> None:
+    """The README's UUID pasted as it is, to --resume as to predict.py: the same explanation; a
+    setting typed without its section: the key to type."""
+    checkpoint, _ = trained
+    pasted = ["--config", str(trained_config(checkpoint)), "--resume", "checkpoints/determined/UUID",
+              "--checkpoint-dir", str(tmp_path / "c")]  # fmt: skip
+    code, _, err = run_train(pasted)
+    assert code == 2 and "UUID stands for a checkpoint's directory name" in err, err[-2000:]
+    assert "python3 train.py --checkpoints" in err
+    code, _, err = run_train(["--set", "learning_rate=1e-4", "--dry-run"])
+    assert code == 2 and "--set hyperparameters.learning_rate=1e-4" in err, err[-2000:]

@@ -18,7 +18,7 @@ import scaling
 from bench.docs import png_text
 from extractive_qa import scaling_runs
 from extractive_qa.config import experiment
-from extractive_qa.files import drawn_from
+from extractive_qa.io.files import drawn_from
 from extractive_qa.trial.optimizer_recipes import OPTIMIZER_RECIPES
 from tests.support.project import ROOT, tiny_config, write_yaml
 

@@ -18,11 +18,14 @@ from typing import Any
 
 import yaml
 
-from extractive_qa import buckets, det_internals, reading
+from extractive_qa import det_internals
 from extractive_qa.config.schema import SEARCHER_KEYS, SECTION_KEYS, TOP_LEVEL_KEYS, check_config
 from extractive_qa.config.settings import DataSettings, Hyperparameters, settings_help
 from extractive_qa.errors import ConfigError
-from extractive_qa.files import ROOT
+from extractive_qa.io import reading
+from extractive_qa.io.files import ROOT
+from extractive_qa.storage import where
+from extractive_qa.storage.source import CheckpointSource
 
 # --------------------------------------------------------------------------------------------
 # Reading a YAML file (local runs).
@@ -125,6 +128,12 @@ def _check_override_path(key: str) -> None:
     `data:` / `hyperparameters:`, or a key of the sections the master defines."""
     parts = key.split(".")
     if parts[0] not in TOP_LEVEL_KEYS:
+        settings = {f"{section}.{f.name}" for section, cls in (("data", DataSettings), ("hyperparameters",
+                    Hyperparameters)) for f in dataclasses.fields(cls)}  # fmt: skip
+        leaf = {name.split(".", 1)[1]: name for name in settings}
+        if parts[0] in leaf:  # a setting without its section: say which
+            raise ConfigError(f"--set {key}: {parts[0]!r} is a setting of {leaf[parts[0]].split('.')[0]}: "
+                              f"--set {leaf[parts[0]]}{key[len(parts[0]):]}")  # fmt: skip
         raise ConfigError(
             f"--set {key}: {parts[0]!r} is not an experiment-config key{_nearest(parts[0], TOP_LEVEL_KEYS)}."
         )
@@ -289,9 +298,9 @@ class Source:
     hparams: dict[str, Any]
     slots: int
     on_cluster: bool
-    # The master's latest checkpoint, to verify: on shared_fs, in a bucket, or other storage. What
-    # fit restores is the driver's (launch.driver.ResumePoint): its rewritten private copy.
-    checkpoint_path: Path | buckets.Location | det_internals.ManagedCheckpoint | None = None
+    # The master's latest checkpoint, to verify, in whichever storage holds it. What fit restores
+    # is the driver's (launch.cluster_run): its rewritten private copy.
+    checkpoint_path: CheckpointSource | None = None
 
 
 def from_cluster(info: Any) -> Source:
@@ -306,17 +315,9 @@ def from_cluster(info: Any) -> Source:
     )
 
 
-def latest_checkpoint_at(
-    exp_conf: dict[str, Any], uuid: str
-) -> Path | buckets.Location | det_internals.ManagedCheckpoint:
-    """Where the master's latest checkpoint lies: a directory on shared_fs, its place in an S3 or
-    GCS bucket, or (Azure) a checkpoint only Determined's storage manager reads."""
-    storage = exp_conf.get("checkpoint_storage") or {}
-    return (
-        det_internals.shared_fs_checkpoint(exp_conf, uuid)
-        or buckets.from_storage(storage, uuid)
-        or det_internals.ManagedCheckpoint(dict(storage), uuid)
-    )
+def latest_checkpoint_at(exp_conf: dict[str, Any], uuid: str) -> CheckpointSource:
+    """Where the master's latest checkpoint lies, as a source (storage.where)."""
+    return where.in_storage(exp_conf, uuid)
 
 
 @dataclass(frozen=True)
@@ -329,7 +330,10 @@ class RunOptions:
     batches: int | None = None
     epochs: int | None = None
     checkpoint_dir: Path = Path("checkpoints")
-    resume: str | Path | None = None  # "auto", "latest" or a checkpoint directory
+    # "auto", "latest", a checkpoint directory or URL; None: `auto` unless `restart` (a command typed
+    # again continues its run)
+    resume: str | Path | None = None
+    restart: bool = False  # train from the beginning beside this run's checkpoints
     allow_changed: bool = False
     metrics_out: Path | None = None
     command_line: tuple[str, ...] = ()  # as typed: a refusal may print it mended

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from extractive_qa import model_files, reading
 from extractive_qa.errors import ConfigError, DataError
+from extractive_qa.io import model_files, reading
 
 # Preference order for `auto`: PyTorch's fused SDPA kernels where the model has them.
 AUTO_ORDER = ("sdpa", "eager")

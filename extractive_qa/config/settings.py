@@ -98,7 +98,11 @@ class Hyperparameters:
     warmup_ratio: float = setting(
         0.1, "fraction of optimizer steps spent warming up linearly", minimum=0, below=1
     )
-    adam_epsilon: float = setting(1e-6, "the optimizer's epsilon", above=0)  # 0 divides by zero
+    adam_epsilon: float = setting(
+        1e-6, "the optimizer's epsilon", above=0,  # 0 divides by zero
+        maximum=1.0, why_maximum="it is added to the root of the squared gradients (around 1e-3 and below); "
+        "past 1 it is most of the denominator and Adam is no longer adaptive",
+    )  # fmt: skip
     adam_beta1: float = setting(0.9, "AdamW / RAdam / LAMB: decay of the gradient mean", minimum=0, below=1)
     adam_beta2: float = setting(
         0.999, "AdamW / RAdam / LAMB: decay of the squared-gradient average", minimum=0, below=1
@@ -108,6 +112,9 @@ class Hyperparameters:
         "the span loss's weight on windows labelled no answer (CLS): 1 is the standard recipe; "
         "below 1 a small model learns to find answers before it learns to abstain",
         minimum=0,
+        maximum=100.0,
+        why_maximum="the loss is a weighted mean over windows: past 100 the no-answer windows alone set "
+        "it, and the loss's scale grows with the weight into overflow",
     )
     answerable_first: float = setting(
         0.0,
@@ -116,7 +123,11 @@ class Hyperparameters:
         minimum=0,
         below=1,
     )
-    max_grad_norm: float = setting(1.0, "clip gradients to this global norm; 0 turns clipping off", minimum=0)
+    max_grad_norm: float = setting(
+        1.0, "clip gradients to this global norm; 0 turns clipping off", minimum=0, maximum=1e6,
+        why_maximum="a fine-tuning step's gradient norm is within the hundreds: past 1e6 nothing is "
+        "clipped (use 0)",
+    )  # fmt: skip
     optimizer: str = setting(
         "adamw", "adamw, radam (the write-up's choice for aggregation) or lamb", choices=OPTIMIZERS
     )
@@ -197,8 +208,11 @@ class DataSettings:
     n_best_size: int = setting(20, "start and end candidates per window in answer extraction", minimum=1)
     max_answer_length: int = setting(30, "longest answer span in tokens", minimum=1)
     null_score_diff_threshold: float = setting(
-        0.0, "v2.0: answer 'no answer' when its score beats the best span's by more than this"
-    )
+        0.0, "v2.0: answer 'no answer' when its score beats the best span's by more than this",
+        minimum=-1e4, maximum=1e4,
+        why_maximum="scores are sums of two logits, within tens: past 1e4 every question gets the "
+        "same answer",
+    )  # fmt: skip
     eval_batch_size: int | None = setting(
         None,
         "windows per evaluation batch per slot; default: twice the per-slot training batch",
@@ -240,7 +254,8 @@ def _checked(field: dataclasses.Field, kind: Any, value: Any, where: str) -> Any
     if base is str and not isinstance(value, str):
         raise ConfigError(f"{where}: expected a string, got {value!r}.")
     if "minimum" in meta and value < meta["minimum"]:
-        raise ConfigError(f"{where}: must be >= {meta['minimum']}, got {value!r}.")
+        reason = f" ({meta['why_maximum']})" if meta["minimum"] < 0 and "why_maximum" in meta else ""
+        raise ConfigError(f"{where}: must be >= {meta['minimum']:,}{reason}, got {value!r}.")
     if "maximum" in meta and value > meta["maximum"]:
         raise ConfigError(f"{where}: must be <= {meta['maximum']:,} ({meta['why_maximum']}), got {value!r}.")
     if "above" in meta and not value > meta["above"]:

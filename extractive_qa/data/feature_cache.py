@@ -15,12 +15,12 @@ from typing import Any
 
 import numpy as np
 
-from extractive_qa import reading
 from extractive_qa.config.settings import WindowSpec
 from extractive_qa.data.features import Features, build_features, tokenizer_fingerprint
 from extractive_qa.data.squad_files import SquadSet
 from extractive_qa.errors import DataError
-from extractive_qa.files import file_lock, shared_mode
+from extractive_qa.io import reading
+from extractive_qa.io.files import file_lock, shared_mode
 
 logger = logging.getLogger("squad")
 

@@ -16,11 +16,11 @@ from typing import Any
 
 import numpy as np
 
-from extractive_qa import reading
 from extractive_qa.config.model_family import loadable_pretrained, resolve_pretrained
 from extractive_qa.config.settings import WindowSpec
 from extractive_qa.data.squad_files import Example
 from extractive_qa.errors import DataError
+from extractive_qa.io import reading
 
 # --------------------------------------------------------------------------------------------
 # Tokenizer and model names.

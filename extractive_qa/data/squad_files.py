@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from extractive_qa import reading
 from extractive_qa.data import squad_formats
-from extractive_qa.errors import DataError
-from extractive_qa.files import file_lock, shared_mode
+from extractive_qa.errors import ConfigError, DataError
+from extractive_qa.io import reading
+from extractive_qa.io.files import file_lock, shared_mode
 
 # --------------------------------------------------------------------------------------------
 # Checking every question, whatever container it came in (squad_formats reads them).
@@ -47,6 +47,7 @@ class SquadSet:
     # Every question whose first answer is not where its answer_start says, by place and field
     # (training skips them; evaluation keeps them, as the official scripts do).
     misplaced: list[str] = field(default_factory=list)
+    declared: bool = False  # the file states its version (SQuAD's nested JSON); flat records do not
 
     def misplaced_note(self, shown: int = 3) -> str:
         """One line naming the misplaced answers (the first `shown`), or "" when there are none."""
@@ -117,7 +118,26 @@ def _checked(path: Path, questions: squad_formats.Questions, digest: str, traini
     if not examples:
         raise DataError(f"{path}: no questions found.")
     v2 = any(ex.is_impossible for ex in examples) if flat else has_impossible or questions.declared_v2
-    return SquadSet(path, "2.0" if v2 else "1.1", examples, digest, skipped, misplaced=misplaced)
+    return SquadSet(
+        path, "2.0" if v2 else "1.1", examples, digest, skipped, misplaced=misplaced, declared=not flat
+    )
+
+
+def check_version(squad: SquadSet, squad_version: str, setting: str) -> None:
+    """data.squad_version against what a file is: a v2.0 file (it holds unanswerable questions,
+    or says v2) trained or scored as v1.1, or a file that says it is v1.1 as v2.0, is refused --
+    the dry run and the run alike -- naming the file and the setting to change."""
+    if squad.version == "2.0" and squad_version != "2.0":
+        raise ConfigError(
+            f"{setting} ({squad.path}) is SQuAD v2.0 but data.squad_version is {squad_version}; "
+            "set data.squad_version: 2.0."
+        )
+    if squad.declared and squad.version == "1.1" and squad_version == "2.0":
+        raise ConfigError(
+            f"{setting} ({squad.path}) is SQuAD v1.1 (it says so, and no question in it can be "
+            'unanswerable) but data.squad_version is 2.0; set data.squad_version: "1.1", or give '
+            "v2.0 files."
+        )
 
 
 def first_examples(squad: SquadSet, limit: int | None) -> SquadSet:
@@ -128,7 +148,15 @@ def first_examples(squad: SquadSet, limit: int | None) -> SquadSet:
     digest = hashlib.sha256(f"{squad.sha256}:first:{limit}".encode()).hexdigest()
     examples = squad.examples[:limit]
     return SquadSet(
-        squad.path, squad.version, examples, digest, squad.skipped, squad.sha256, limit, squad.misplaced
+        squad.path,
+        squad.version,
+        examples,
+        digest,
+        squad.skipped,
+        squad.sha256,
+        limit,
+        squad.misplaced,
+        squad.declared,
     )
 
 

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from extractive_qa import reading
 from extractive_qa.errors import DataError
-from extractive_qa.files import write_bytes_atomic, write_text_atomic
+from extractive_qa.io import reading
+from extractive_qa.io.files import write_bytes_atomic, write_text_atomic
 
 PARQUET_MAGIC = b"PAR1"
 DATASETS_PREFIX = "datasets:"

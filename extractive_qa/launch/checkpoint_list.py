@@ -1,5 +1,6 @@
 """What a --checkpoint-dir holds, one line per checkpoint: which run wrote it (its name, model,
-training file and SQuAD version), how far it trained, its latest EM/F1 and its size -- so that a
+training file and SQuAD version), how far it trained, its latest EM/F1 and the file they were
+scored on, and its size -- so that a
 directory of look-alike UUIDs can be told apart, and the one to answer from, resume or delete
 picked. Everything shown is read from the checkpoint's own records (metadata.json,
 experiment.json); nothing in it is loaded or run."""
@@ -15,7 +16,7 @@ from typing import Any
 from extractive_qa.resume.identity import json_record, steps_completed
 
 COLUMNS = ("written", "checkpoint", "run", "SQuAD", "model", "optimizer", "training file", "batches",
-           "EM / F1", "differs", "size")  # fmt: skip
+           "EM / F1", "validated on", "differs", "size")  # fmt: skip
 # Recorded settings with a column of their own ("differs" lists the others a run changed).
 SHOWN = {"name", "data.squad_version", "data.pretrained_model", "hyperparameters.optimizer",
          "data.train_file"}  # fmt: skip
@@ -51,6 +52,10 @@ def checkpoint_row(folder: Path, shown: Path) -> dict[str, str]:
     batches = "?" if steps is None else f"{steps}" + (f" of {planned}" if isinstance(planned, int) else "")
     em, f1 = scores.get("exact_match"), scores.get("f1")
     scored = f"{em:.2f} / {f1:.2f}" if isinstance(em, (int, float)) and isinstance(f1, (int, float)) else "-"
+    settings = record.get("settings") if isinstance(record.get("settings"), dict) else {}
+    validated = settings.get("data.validation_file", "?") if scored != "-" else "-"
+    if settings.get("data.max_eval_examples"):
+        validated = f"{validated} (first {settings['data.max_eval_examples']})"
     return {
         "written": time.strftime("%Y-%m-%d %H:%M", time.localtime(folder.stat().st_mtime)),
         "checkpoint": printable(shown, 200),
@@ -61,6 +66,7 @@ def checkpoint_row(folder: Path, shown: Path) -> dict[str, str]:
         "training file": printable(identity.get("data.train_file", "?")),
         "batches": batches,
         "EM / F1": scored,
+        "validated on": printable(validated),
         "size": f"{size_on_disk(folder) / 1e6:,.0f} MB",
     }
 

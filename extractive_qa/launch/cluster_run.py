@@ -1,69 +1,71 @@
 """A trial on a Determined cluster, driven by the master. The master does what a local run does
 itself (metrics, checkpoints, retention, preemption, progress in the WebUI); what remains is
-restoring its latest checkpoint through the resume guard, and fitting from that copy."""
+restoring its latest checkpoint through the resume guard, handing the trial what a cluster
+differs in (the master's trial seed, the searcher's stop, a divergence ending as an invalid
+hyperparameter), and fitting from that copy."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
+import logging
 from typing import Any
 
 from determined import pytorch
 
 from extractive_qa import det_internals
 from extractive_qa.config import run_plan
-from extractive_qa.config.experiment import RunOptions, Source
-from extractive_qa.launch import local_run
-from extractive_qa.launch.driver import ResumePoint, RunDriver, TrialBuilder, final_result, trial_context
+from extractive_qa.config.experiment import Source
+from extractive_qa.launch.trial_run import BuiltTrial, RunDriver, TrialBuilder, final_result, trial_context
 from extractive_qa.resume.restore import restore_on_cluster
-from extractive_qa.resume.rewrite import ExpectedState
+from extractive_qa.trial.callbacks import SearcherStop, TrialExtras
+
+logger = logging.getLogger("squad")
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class ClusterRun(RunDriver):
     source: Source  # from the master
     plan: run_plan.RunPlan
-    expected: ExpectedState | None  # what the master's latest checkpoint must fit (None: there is none)
     cleanup: contextlib.ExitStack  # what the run leaves behind: the restored checkpoint's private copy
-    resume_point: ResumePoint = ResumePoint()
 
     def run(self, build: TrialBuilder) -> dict[str, Any] | None:
-        """Restore, build, fit; the master does the rest (det.pytorch.init makes the process
-        group itself: no distributed context is handed in)."""
+        """Restore, build, hand the trial its extras, fit; the master does the rest
+        (det.pytorch.init makes the process group itself: no distributed context is handed in)."""
         with trial_context(self.plan, self.source, None) as context:
-            self.restore(context)  # a checkpoint to continue, before model and data
+            storage_id = self.restore(context)  # a checkpoint to continue, before model and data
             trial = build(context)
+            trial.add_extras(cluster_extras(trial, context))
             trainer = pytorch.Trainer(trial, context)
             with det_internals.restore_where_it_lies():  # the private copy, on any checkpoint_storage
-                trainer.fit(**self.plan.fit_kwargs(self.resume_point.storage_id, True))
+                trainer.fit(**self.plan.fit_kwargs(storage_id, True))
             return final_result(trial) if context.distributed.rank == 0 else None
 
-    def restore(self, context: pytorch.PyTorchTrialContext) -> None:
-        """The master's latest checkpoint (shared_fs or a bucket), before model and data: rewritten
-        per machine by the resume guard, and that copy is what Determined restores (Determined
-        reads the steps from the copy's metadata.json)."""
-        if self.source.checkpoint_path is not None and self.expected is not None:
-            at = self.source.checkpoint_path
-            self.resume_point = ResumePoint(
-                restore_on_cluster(context.distributed, at, self.expected, self.cleanup)
-            )
+    def restore(self, context: pytorch.PyTorchTrialContext) -> str | None:
+        """The storage id fit restores: the master's latest checkpoint (shared_fs or a bucket),
+        rewritten per machine by the resume guard (Determined reads the steps from the copy's
+        metadata.json); None when the trial starts fresh."""
+        if self.source.checkpoint_path is None or self.expected is None:
+            return None
+        return restore_on_cluster(
+            context.distributed, self.source.checkpoint_path, self.expected, self.cleanup
+        )
 
 
-def driver_for(
-    options: RunOptions,
-    source: Source,
-    plan: run_plan.RunPlan,
-    expected: ExpectedState | None,
-    cleanup: contextlib.ExitStack,
-) -> RunDriver:
-    """The run's driver: the master's trial (ClusterRun) or a run without a master (LocalRun,
-    prepared: its process group joined and the checkpoint it resumes rewritten). `expected` is
-    what a checkpoint to resume must fit; None where the run resumes none."""
-    if source.on_cluster:
-        return ClusterRun(source, plan, expected, cleanup)
-    return local_run.prepare(options, source, plan, expected, cleanup)
+def cluster_extras(trial: BuiltTrial, context: pytorch.PyTorchTrialContext) -> TrialExtras:
+    """What a cluster trial differs in: the master's trial seed orders its data, the searcher may
+    stop it, and a divergence ends it as an invalid hyperparameter (a search moves on)."""
+    info = det_internals.cluster_trial()
+    return TrialExtras(
+        seed=context.get_trial_seed(),
+        end_diverged=functools.partial(invalid_hyperparameter, context),
+        callbacks={"searcher_stop": SearcherStop(context, info, trial.run_log)},
+    )
 
 
-def resumes(options: RunOptions, source: Source) -> bool:
-    """Whether the run may resume a checkpoint (then train.py builds what it must fit)."""
-    return source.checkpoint_path is not None if source.on_cluster else bool(options.resume)
+def invalid_hyperparameter(context: pytorch.PyTorchTrialContext, message: str) -> Exception:
+    """What every rank raises to end the trial as an invalid hyperparameter, the reason logged
+    first: the trial's log is all a cluster user sees."""
+    logger.error(message)
+    return det_internals.end_as_invalid_hp(context)

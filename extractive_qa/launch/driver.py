@@ -1,96 +1,21 @@
-"""The one interface train.py runs a trial through: a trial the master drives (cluster_run) or a
-run without a master (local_run).
-
-A driver has one method, `run`: it opens Determined's context, builds the trial there, fits it and
-returns the final metrics. Each driver tells its own story in it -- a cluster trial restores the
-master's latest checkpoint and fits; a local run also shows progress, keeps its checkpoints and
-stops at a batch boundary on Ctrl-C -- so no driver carries a step it has nothing to do in. What
-both share is here: Determined's context (`trial_context`) and the result line (`final_result`).
-A driver owns where its run resumes (`ResumePoint`); nothing is written into the config's
-`Source` to be read back.
-"""
+"""Which driver a run gets: the master's trial (cluster_run) or a run without a master
+(local_run), both launch.trial_run.RunDriver."""
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, Protocol
 
-from extractive_qa import compat, det_internals
-
-if TYPE_CHECKING:
-    import torch
-    from determined import core, pytorch
-
-    from extractive_qa.config.experiment import Source
-    from extractive_qa.config.run_plan import RunPlan
-    from extractive_qa.data.squad_files import SquadSet
-    from extractive_qa.trial.callbacks import RankRandomState, RunLog, TrialExtras
-    from extractive_qa.trial.perf_metrics import TrainingThroughput
+from extractive_qa.config import run_plan
+from extractive_qa.config.experiment import RunOptions, Source
+from extractive_qa.launch.cluster_run import ClusterRun
+from extractive_qa.launch.local_run import LocalRun
+from extractive_qa.launch.trial_run import RunDriver
 
 
-@dataclasses.dataclass(frozen=True)
-class ResumePoint:
-    """Where fit starts: the storage id Determined restores (a resume's private, rewritten copy)
-    and the batches that copy trained. The default is a fresh start."""
-
-    storage_id: str | None = None
-    steps_completed: int = 0
-
-
-class BuiltTrial(Protocol):
-    """What a driver reads of the trial once it is built (model_def.SquadTrial has it)."""
-
-    run_log: RunLog
-    rank_random_state: RankRandomState
-    train_set: SquadSet
-    model: torch.nn.Module
-    perf: TrainingThroughput
-
-    def batches_per_epoch(self) -> int: ...
-
-    def add_extras(self, extras: TrialExtras) -> None: ...
-
-
-# The trial's class (or a benchmark's subclass of it): built inside Determined's context.
-TrialBuilder = Callable[["pytorch.PyTorchTrialContext"], BuiltTrial]
-
-
-class RunDriver(Protocol):
-    """A run's driver. `run` builds the trial with `build` inside Determined's context, fits it
-    and returns the final metrics on rank 0 (None on the other ranks)."""
-
-    def run(self, build: TrialBuilder) -> dict[str, Any] | None: ...
-
-
-@contextlib.contextmanager
-def trial_context(
-    plan: RunPlan, source: Source, distributed: core.DistributedContext | None
-) -> Iterator[pytorch.PyTorchTrialContext]:
-    """det.pytorch.init as both drivers open it: the collective timeout the plan sets, the GPUs
-    this process may see on a cluster, and `distributed` (None: Determined makes its own)."""
-    from determined import pytorch
-
-    compat.allow_determined_checkpoints()
-    with (
-        det_internals.collective_timeout(plan.collective_timeout_s),
-        det_internals.local_gpus_torch_sees(source.on_cluster),
-        pytorch.init(**plan.init_kwargs(source.exp_conf), distributed=distributed) as context,
-    ):
-        yield context
-
-
-def final_result(trial: BuiltTrial) -> dict[str, Any]:
-    """The last stdout line: final validation metrics, checkpoint, steps, loss, throughput."""
-    from extractive_qa.trial import perf_metrics
-
-    log = trial.run_log
-    return {
-        **{k: float(v) for k, v in log.validation.items() if k not in ("batches", "epochs")},
-        "checkpoint": log.checkpoint,
-        "steps_completed": log.steps_completed,
-        "last_train_loss": log.last_train_loss,
-        "stopped_by_searcher": log.stopped_by_searcher,
-        **perf_metrics.run_rates(trial.perf),
-    }
+def driver_for(
+    options: RunOptions, source: Source, plan: run_plan.RunPlan, cleanup: contextlib.ExitStack
+) -> RunDriver:
+    """The run's driver; `cleanup` takes what the run leaves behind (a resume's private copy)."""
+    if source.on_cluster:
+        return ClusterRun(source, plan, cleanup)
+    return LocalRun(options, source, plan, cleanup)

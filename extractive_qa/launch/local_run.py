@@ -30,16 +30,10 @@ from determined import core, pytorch
 from extractive_qa import det_internals
 from extractive_qa.config import run_plan
 from extractive_qa.config.experiment import RunOptions, Source
-from extractive_qa.files import ROOT, check_output_file, check_outputs, write_text_atomic
+from extractive_qa.errors import TrainingDiverged
+from extractive_qa.io.files import ROOT, check_output_file, check_outputs, write_text_atomic
 from extractive_qa.launch import interruption, progress
-from extractive_qa.launch.driver import (
-    BuiltTrial,
-    ResumePoint,
-    RunDriver,
-    TrialBuilder,
-    final_result,
-    trial_context,
-)
+from extractive_qa.launch.checkpoint_list import size_on_disk
 from extractive_qa.launch.process import join_process_group, seed_everything
 from extractive_qa.launch.storage import (
     check_free_space,
@@ -49,15 +43,24 @@ from extractive_qa.launch.storage import (
     prepare_local_storage,
     write_failure_error,
 )
-from extractive_qa.resume import identity
+from extractive_qa.launch.trial_run import BuiltTrial, RunDriver, TrialBuilder, final_result, trial_context
+from extractive_qa.resume.identity import (
+    check_same_data,
+    check_same_run,
+    json_record,
+    note_length_change,
+    run_identity,
+    run_settings,
+    steps_completed,
+)
 from extractive_qa.resume.restore import (
     Resumed,
     finished_resume,
-    latest_checkpoint,
     prepare_resume,
     resume_from,
+    same_run_checkpoints,
 )
-from extractive_qa.resume.rewrite import ExpectedState
+from extractive_qa.trial import optimization
 from extractive_qa.trial.callbacks import RunLog, TrialExtras
 
 logger = logging.getLogger("squad")
@@ -65,46 +68,54 @@ logger = logging.getLogger("squad")
 DATA_FILES = ("train_file", "validation_file")  # data.* paths a run reads (URLs never match a file)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class LocalRun(RunDriver):
     args: RunOptions
     source: Source  # the command line's config
     plan: run_plan.RunPlan
-    distributed: core.DistributedContext | None = None  # torchrun's process group, as Determined's
-    resume_point: ResumePoint = ResumePoint()
-    resumed: Resumed | None = None  # the checkpoint --resume named (or `auto` found), rewritten
-    identity: dict[str, Any] = dataclasses.field(default_factory=dict)
-    stop: interruption.Interruption | None = None
-    series: MetricSeries | None = None  # the metric series (--metrics-out)
+    cleanup: contextlib.ExitStack  # what the run leaves behind: a resume's private copy
 
     @property
     def storage(self) -> Path:
         return self.args.checkpoint_dir / "determined"  # Determined's local storage follows XDG
 
     @property
-    def rank(self) -> int:
-        return self.distributed.rank if self.distributed is not None else 0
+    def flag(self) -> str | Path | None:
+        """What the run resumes: --resume's value; without it `auto` (a command typed again
+        continues its run), unless --restart."""
+        return self.args.resume or (None if self.args.restart else "auto")
 
     def run(self, build: TrialBuilder) -> dict[str, Any] | None:
-        """A run prepared (`prepare`): its result if the resumed checkpoint already reached the
-        length; else the trial built, given its extras, checked, fitted and reported."""
-        if self.plan.length.unit == "batches":  # epochs: once the trial counts them (before_fit)
-            already = self.finished(self.plan.length.value)  # --resume of a finished run
-            if already is not None:
-                return already if self.rank == 0 else None
-        with trial_context(self.plan, self.source, self.distributed) as context:
+        """The whole run, in order: where it writes, the process group and seeds, the checkpoint
+        to resume (rewritten privately) -- its result if it had already reached the length --,
+        then the trial built, given its extras, checked, fitted and reported."""
+        self.check_outputs()
+        distributed = self.join()
+        rank = distributed.rank if distributed is not None else 0
+        identity = run_identity(self.plan, self.source.exp_conf.get("name"))
+        resumed = self.resume(identity) if self.flag else None
+        if self.args.restart and rank == 0:
+            self.note_an_earlier_run(identity)
+        if resumed is not None and self.plan.length.unit == "batches":  # epochs: once the trial counts
+            done = finished_resume(self.flag, resumed, self.plan.length.value)
+            if done is not None:
+                return done if rank == 0 else None
+        with trial_context(self.plan, self.source, distributed) as context:
             # TensorBoard's event files beside the checkpoints, a folder per run as torch names them
             run_name = f"{time.strftime('%b%d_%H-%M-%S')}_{socket.gethostname()}"
             det_internals.tensorboard_into(context, self.args.checkpoint_dir / "tensorboard" / run_name)
             trial = build(context)
-            trial.add_extras(self.extras(trial, context))
-            already = self.before_fit(trial, context)
-            if already is not None:
-                return already if context.distributed.rank == 0 else None
-            self.fit(pytorch.Trainer(trial, context), trial, context)
+            gather = trial.rank_random_state.gather  # every rank's random state, into the checkpoint
+            stop = interruption.Interruption(context.distributed, context.device, gather)
+            extras = self.extras(trial, context, stop, resumed)
+            trial.add_extras(extras)
+            done = self.before_fit(trial, context, resumed)
+            if done is not None:
+                return done if context.distributed.rank == 0 else None
+            self.fit(pytorch.Trainer(trial, context), trial, resumed, stop, context.distributed.rank)
             if context.distributed.rank != 0:
                 return None
-            self.report(context.distributed.size)
+            self.report(context.distributed.size, extras.callbacks.get("metric_series"))
             return final_result(trial)
 
     # ----------------------------------------------------------------------------------------
@@ -125,81 +136,78 @@ class LocalRun(RunDriver):
                 inputs["--resume"] = self.args.resume
             check_outputs({"--metrics-out": self.args.metrics_out}, inputs)
 
-    def join(self) -> None:
-        self.distributed = join_process_group(False, self.plan.collective_timeout_s)
+    def join(self) -> core.DistributedContext | None:
+        """torchrun's process group (None alone), the run's seeds, the project as working directory."""
+        distributed = join_process_group(False, self.plan.collective_timeout_s)
         os.chdir(ROOT)  # config paths are relative to the project, as to a trial's upload
         seed_everything(self.plan.seed)
         os.environ["XDG_DATA_HOME"] = str(self.args.checkpoint_dir.resolve())
+        return distributed
 
-    def resume(self, expected: ExpectedState, cleanup: contextlib.ExitStack) -> None:
+    def resume(self, identity: dict[str, Any]) -> Resumed | None:
         """The checkpoint --resume means, rewritten into a private copy Determined restores, with
         --resume DIR's settings compared with this run's (auto and latest pick only this run's)."""
-        flag = self.args.resume
-        self.identity = identity.run_identity(self.plan, self.source.exp_conf.get("name"))
-        found = resume_from(flag, self.args.checkpoint_dir, self.identity)
+        flag = self.flag
+        assert flag is not None
+        found = resume_from(flag, self.args.checkpoint_dir, identity)
         if found is None:
-            return
+            return None
         same_run = None  # auto and latest pick only this run's checkpoints
         if flag not in ("auto", "latest"):
             same_run = functools.partial(
-                identity.check_same_run,
-                identity=self.identity,
+                check_same_run,
+                identity=identity,
                 allow_changed=self.args.allow_changed,
                 shown=found,
                 command_line=list(self.args.command_line),
+                settings=run_settings(self.plan),
             )
+        expected = optimization.expected_state(self.plan)  # what it must fit (the model on the meta device)
         resumed = prepare_resume(found, expected, "--resume", same_run)
-        cleanup.callback(resumed.copy.remove)
-        self.resumed = resumed
-        self.resume_point = ResumePoint(det_internals.restore_id(resumed.copy.path), resumed.steps)
-        logger.info("--resume %s: continuing from %s at batch %d", flag, found, resumed.steps)
-        identity.note_length_change(resumed.record, {self.plan.length.unit: self.plan.length.value})
+        self.cleanup.callback(resumed.copy.remove)
+        if self.args.resume is None:  # the command typed again
+            logger.info("continuing this run's checkpoint %s at batch %d, as --resume auto does (--restart "
+                        "trains from the beginning)", found, resumed.steps)  # fmt: skip
+        else:
+            logger.info("--resume %s: continuing from %s at batch %d", flag, found, resumed.steps)
+        note_length_change(resumed.record, {self.plan.length.unit: self.plan.length.value})
+        return resumed
 
-    def note_an_earlier_run(self) -> None:
-        """A run started without --resume beside a checkpoint of the same settings (the first
-        command typed twice) trains again from the beginning: say so, where the earlier one is,
-        and that --resume auto shows its result (or continues it) without training again."""
-        if self.rank != 0:
+    def note_an_earlier_run(self, identity: dict[str, Any]) -> None:
+        """--restart beside checkpoints of the same settings trains again from the beginning: say
+        which are kept and how large, so that none is kept unknowingly."""
+        earlier = same_run_checkpoints(self.storage, identity)
+        if not earlier:
             return
-        self.identity = identity.run_identity(self.plan, self.source.exp_conf.get("name"))
-        found = latest_checkpoint(self.storage, self.identity, "auto")
-        if found is None:
-            return
-        record = identity.json_record(found)
-        scores = record.get("validation") if isinstance(record.get("validation"), dict) else {}
-        f1 = scores.get("f1")
-        reached = f" (F1 {f1:.2f})" if isinstance(f1, (int, float)) else ""
+        size = sum(size_on_disk(path) for path in earlier) / 1e6
+        named = ", ".join(str(p) for p in earlier[:3]) + (" ..." if len(earlier) > 3 else "")
         logger.warning(
-            "a run with these settings already wrote %s%s, %s batches; this one trains again from the "
-            "beginning beside it. `python3 train.py --resume auto` (with this command's --config and "
-            "--set) shows a finished run's result, or continues it, without training again.",
-            found, reached, identity.steps_completed(found),
+            "--restart: training from the beginning; %d earlier checkpoint(s) of these settings stay "
+            "beside it, %s MB (%s). Remove them (rm -r) where you no longer need them.",
+            len(earlier), f"{size:,.0f}", named,
         )  # fmt: skip
-
-    def finished(self, total: int) -> dict[str, Any] | None:
-        """The result of a resume with nothing left to train of `total` batches (None: train on)."""
-        if self.resumed is None:
-            return None
-        return finished_resume(self.args.resume, self.resumed, total)
 
     # ----------------------------------------------------------------------------------------
     # The trial: what it is built with, and what is checked once it is built.
     # ----------------------------------------------------------------------------------------
 
-    def extras(self, trial: BuiltTrial, context: pytorch.PyTorchTrialContext) -> TrialExtras:
-        """What a local run adds to the built trial (its run log, batches per epoch, random-state
-        gatherer): Ctrl-C / SIGTERM at a batch boundary, the progress display, checkpoint
-        retention and the metric series. The trial gets them from here and never calls back."""
-        added = TrialExtras()
-        # Ctrl-C / SIGTERM: finish the batch, checkpoint (with every rank's random state).
-        self.stop = interruption.Interruption(
-            context.distributed, context.device, trial.rank_random_state.gather
-        )
-        added.before_batch.append(self.stop.before_batch)
+    def extras(
+        self,
+        trial: BuiltTrial,
+        context: pytorch.PyTorchTrialContext,
+        stop: interruption.Interruption,
+        resumed: Resumed | None,
+    ) -> TrialExtras:
+        """What a local run differs in: its seed orders the data, a divergence is one line and exit
+        2, Ctrl-C / SIGTERM stop at a batch boundary, and on the chief the progress display,
+        checkpoint retention and the metric series. The trial gets them from here and never
+        calls back."""
+        added = TrialExtras(seed=self.plan.seed, end_diverged=TrainingDiverged)
+        added.before_batch.append(stop.before_batch)  # finish the batch, checkpoint, stop
         if context.distributed.rank != 0:
             return added
         if self.args.metrics_out:
-            self.series = added.callbacks["metric_series"] = MetricSeries(trial.run_log)
+            added.callbacks["metric_series"] = MetricSeries(trial.run_log)
         unit = trial.batches_per_epoch() if self.plan.length.unit == "epochs" else 1
         shown = progress.Progress(
             context,
@@ -209,18 +217,24 @@ class LocalRun(RunDriver):
         )
         added.callbacks["progress"] = shown
         added.before_batch.append(shown.before_batch)
-        added.callbacks["retention"] = retention(self.source.exp_conf, trial.run_log)
+        # The checkpoint this run continues from its own storage is the run's too: retention keeps
+        # the newest of them, not every stop's.
+        continued = (
+            resumed.shown if resumed is not None and Path(resumed.shown).parent == self.storage else None
+        )
+        added.callbacks["retention"] = retention(self.source.exp_conf, trial.run_log, continued)
         return added
 
-    def before_fit(self, trial: BuiltTrial, context: pytorch.PyTorchTrialContext) -> dict[str, Any] | None:
+    def before_fit(
+        self, trial: BuiltTrial, context: pytorch.PyTorchTrialContext, resumed: Resumed | None
+    ) -> dict[str, Any] | None:
         """Once the trial is built, before any batch: the resumed checkpoint's data against this
         run's, a length the checkpoint has not reached yet, private storage with room for one
         more checkpoint. A result: the run had already finished (auto, latest)."""
-        if self.resumed is not None:
-            identity.check_same_data(
-                self.resumed.record, trial.train_set.sha256, self.args.allow_changed, self.resumed.shown
-            )
-            done = self.finished(run_plan.total_batches(self.plan.length, trial.batches_per_epoch()))
+        if resumed is not None:
+            check_same_data(resumed.record, trial.train_set.sha256, self.args.allow_changed, resumed.shown)
+            total = run_plan.total_batches(self.plan.length, trial.batches_per_epoch())
+            done = finished_resume(self.flag, resumed, total)
             if done is not None:
                 return done
         if context.distributed.rank == 0:
@@ -232,20 +246,24 @@ class LocalRun(RunDriver):
     # Fit, and what the user is told.
     # ----------------------------------------------------------------------------------------
 
-    def fit(self, trainer: pytorch.Trainer, trial: BuiltTrial, context: pytorch.PyTorchTrialContext) -> None:
-        """Trainer.fit from the checkpoint's step; a stop or a failed checkpoint write becomes an
-        Interrupted / ConfigError that says what was kept and how to continue."""
-        rank = context.distributed.rank
+    def fit(
+        self,
+        trainer: pytorch.Trainer,
+        trial: BuiltTrial,
+        resumed: Resumed | None,
+        stop: interruption.Interruption,
+        rank: int,
+    ) -> None:
+        """Trainer.fit from the resumed copy's step (or the start); a stop or a failed checkpoint
+        write becomes an Interrupted / ConfigError that says what was kept and how to continue."""
         before = {p.name for p in self.storage.iterdir()} if self.storage.is_dir() else set()
-        if self.resumed is not None:
-            self.resumed.copy.verify()  # the directory Determined reads next is still the one written
-        with (
-            det_internals.resume_at(self.resume_point.steps_completed),
-            det_internals.code_copy_that_keeps_the_state(),
-            self.stop or contextlib.nullcontext(),
-        ):
+        storage_id, steps = None, 0
+        if resumed is not None:
+            resumed.copy.verify()  # the directory Determined reads next is still the one written
+            storage_id, steps = det_internals.restore_id(resumed.copy.path), resumed.steps
+        with det_internals.resume_at(steps), det_internals.code_copy_that_keeps_the_state(), stop:
             try:
-                trainer.fit(**self.plan.fit_kwargs(self.resume_point.storage_id, False))
+                trainer.fit(**self.plan.fit_kwargs(storage_id, False))
             except interruption.StoppedNow:  # a second Ctrl-C
                 raise interruption.Interrupted(130, None, trial.run_log.checkpoint, rank) from None
             except (OSError, RuntimeError) as err:
@@ -253,12 +271,10 @@ class LocalRun(RunDriver):
                     raise
                 done, scores = trial.run_log.steps_completed, trial.run_log.validation
                 raise write_failure_error(err, self.args.checkpoint_dir, before, done, scores) from None
-        if self.stop is not None and self.stop.stopped_at is not None:
-            raise interruption.Interrupted(
-                self.stop.exit_code(), self.stop.stopped_at, trial.run_log.checkpoint, rank
-            )
+        if stop.stopped_at is not None:
+            raise interruption.Interrupted(stop.exit_code(), stop.stopped_at, trial.run_log.checkpoint, rank)
 
-    def report(self, slots: int) -> None:
+    def report(self, slots: int, series: Any) -> None:
         """--metrics-out: the run's reports as the master stores them, for scaling.py."""
         if not self.args.metrics_out:
             return
@@ -269,30 +285,9 @@ class LocalRun(RunDriver):
             "global_batch_size": self.plan.hparams.global_batch_size,
             "aggregation_frequency": self.plan.aggregation_frequency,
             "optimizer": self.plan.hparams.optimizer,
-            **(self.series.series if self.series is not None else {}),
+            **(series.series if isinstance(series, MetricSeries) else {}),
         }
         write_text_atomic(self.args.metrics_out, json.dumps(record, indent=1))
-
-
-def prepare(
-    args: RunOptions,
-    source: Source,
-    plan: run_plan.RunPlan,
-    expected: ExpectedState | None,
-    cleanup: contextlib.ExitStack,
-) -> LocalRun:
-    """Everything a local run does before Determined builds the trial, in order. `expected`: what
-    the checkpoint --resume names must fit (train.py builds it where --resume is given)."""
-    local = LocalRun(args, source, plan)
-    local.check_outputs()
-    local.join()
-    if args.resume:
-        if expected is None:
-            raise ValueError("--resume needs the state its checkpoint must fit")
-        local.resume(expected, cleanup)
-    else:
-        local.note_an_earlier_run()
-    return local
 
 
 # --------------------------------------------------------------------------------------------
@@ -300,17 +295,25 @@ def prepare(
 # --------------------------------------------------------------------------------------------
 
 
-def retention(exp_conf: dict[str, Any], run_log: RunLog) -> LocalRetention:
-    """checkpoint_storage's save_trial_latest / save_trial_best for a local run's checkpoints."""
+def retention(exp_conf: dict[str, Any], run_log: RunLog, continued: Path | None = None) -> LocalRetention:
+    """checkpoint_storage's save_trial_latest / save_trial_best for a local run's checkpoints
+    (`continued`: the checkpoint of this run it continues, counted as written before them)."""
     storage = exp_conf.get("checkpoint_storage") or {}
     searcher = exp_conf.get("searcher") or {}
-    return LocalRetention(
+    kept = LocalRetention(
         run_log,
         latest=int(storage.get("save_trial_latest", 1)),
         best=int(storage.get("save_trial_best", 1)),
         metric=searcher.get("metric", "f1"),
         smaller_is_better=bool(searcher.get("smaller_is_better", False)),
     )
+    if continued is not None:
+        record = json_record(continued)
+        scores = record.get("validation") if isinstance(record.get("validation"), dict) else {}
+        validated_there = record.get("validation_steps") == steps_completed(continued)
+        value = scores.get(kept.metric) if validated_there else None
+        kept.written.append((continued, float(value) if isinstance(value, (int, float)) else None))
+    return kept
 
 
 class LocalRetention(pytorch.PyTorchCallback):

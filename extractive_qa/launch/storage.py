@@ -14,7 +14,7 @@ from typing import Any
 
 from extractive_qa.det_internals import uploaded
 from extractive_qa.errors import ConfigError
-from extractive_qa.files import check_output_dir
+from extractive_qa.io.files import check_output_dir
 
 
 def check_local_storage(checkpoint_dir: Path, root: Path) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from extractive_qa import reading
+from extractive_qa.io import reading
 
 AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}  # fp32: no autocast
 # The CPU's bf16 matrix units, as torch's CPU kernels detect them (name, torch.cpu probe, the

@@ -14,7 +14,7 @@ import numpy as np
 
 from extractive_qa.data.features import Features
 from extractive_qa.data.squad_files import Example
-from extractive_qa.files import write_text_atomic
+from extractive_qa.io.files import write_text_atomic
 from extractive_qa.qa.answers import Answers, rank_spans, trim_span
 
 PREDICTIONS = "predictions.json"

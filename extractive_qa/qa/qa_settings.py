@@ -11,12 +11,12 @@ from typing import Any
 
 import numpy as np
 
-from extractive_qa import reading
 from extractive_qa.config.settings import PRECISIONS, DataSettings, Hyperparameters, WindowSpec, check_setting
 from extractive_qa.data import squad_files
 from extractive_qa.data.features import Features
 from extractive_qa.errors import ConfigError, DataError
-from extractive_qa.files import write_text_atomic
+from extractive_qa.io import reading
+from extractive_qa.io.files import write_text_atomic
 from extractive_qa.qa import outputs
 from extractive_qa.qa.answers import Answers, extract_answers
 

@@ -22,9 +22,10 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from extractive_qa import cli, reading
+from extractive_qa import cli
 from extractive_qa.data.squad_files import Example, load_squad
 from extractive_qa.errors import DataError
+from extractive_qa.io import reading
 
 _PUNCTUATION = set(string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b", re.UNICODE)

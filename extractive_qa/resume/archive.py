@@ -12,14 +12,16 @@ intended is refused here, and what is read here is decoded (checkpoint_decode), 
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
+import stat
 import struct
 import zipfile
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from extractive_qa import reading
 from extractive_qa.errors import ConfigError
+from extractive_qa.io import reading
 
 MIB = 1 << 20
 RECORD_LIMIT = 16 * MIB  # trial_state.pkl, metadata.json, experiment.json, load_data.json
@@ -38,11 +40,25 @@ def refused(where: str, what: str) -> ConfigError:
 # --------------------------------------------------------------------------------------------
 
 
+def not_owned(info: os.stat_result) -> str | None:
+    """Why a file a resume decodes is not the user's own to trust, or None: it must belong to
+    this user and be writable by no one else -- not by other users, and not by its group unless
+    that group is this user's own (a user-private group, as a umask of 002 makes files). Determined
+    makes shared_fs directories 0777: another user can then replace a file, never make it theirs."""
+    if info.st_uid != os.getuid():
+        return f"belongs to user {info.st_uid}, not to you"
+    mode = stat.S_IMODE(info.st_mode)
+    if mode & 0o002 or (mode & 0o020 and info.st_gid != os.getgid()):
+        return f"can be changed by other users (mode {mode:o})"
+    return None
+
+
 def open_plain(path: Path, limit: int, shown: Path) -> BinaryIO:
     """`path` opened for reading if it is a regular file of at most `limit` bytes, never through a
-    link (reading.open_regular: a FIFO, device or directory is refused without blocking)."""
+    link (reading.open_regular: a FIFO, device or directory is refused without blocking), and this
+    user's own (`not_owned`, checked on the file opened: the bytes read are the checked file's)."""
     try:
-        return reading.open_regular(path, CHECKPOINT_FILE, follow_links=False, limit=limit, shown=shown)
+        file = reading.open_regular(path, CHECKPOINT_FILE, follow_links=False, limit=limit, shown=shown)
     except reading.MissingFile:
         raise ConfigError(
             f"{shown}: incomplete checkpoint, {path.name} is missing (not written by train.py, or the "
@@ -50,6 +66,13 @@ def open_plain(path: Path, limit: int, shown: Path) -> BinaryIO:
         ) from None
     except reading.UnreadableFile as err:
         raise refused(str(shown), str(err).removeprefix(f"{shown}: ").rstrip(".")) from None
+    if why := not_owned(os.fstat(file.fileno())):
+        file.close()
+        raise ConfigError(
+            f"{shown}: {why}; a resume reads only files you own that no one else can change. Resume your "
+            "own checkpoint, or copy this one first (`cp -r`) and resume the copy."
+        )
+    return file
 
 
 def read_record(path: Path, shown: Path) -> bytes:

@@ -11,8 +11,8 @@ import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from extractive_qa import reading
 from extractive_qa.errors import ConfigError
+from extractive_qa.io import reading
 
 if TYPE_CHECKING:
     from extractive_qa.config.run_plan import RunPlan
@@ -45,6 +45,22 @@ def run_identity(plan: RunPlan, name: str | None) -> dict[str, Any]:
     identity["optimizations.aggregation_frequency"] = plan.aggregation_frequency
     identity["reproducibility.experiment_seed"] = plan.seed
     return identity
+
+
+def run_settings(plan: RunPlan) -> dict[str, Any]:
+    """Every setting of the run, resolved, by config path (experiment.json's `settings`): with
+    the command's --config, what a printed command needs to reproduce the whole run."""
+    import dataclasses
+    import json
+
+    settings: dict[str, Any] = {}
+    for section, values in (("data", plan.data), ("hyperparameters", plan.hparams)):
+        for field in dataclasses.fields(values):
+            value = getattr(values, field.name)
+            settings[f"{section}.{field.name}"] = json.loads(json.dumps(value, default=str))
+    settings["optimizations.aggregation_frequency"] = plan.aggregation_frequency
+    settings["reproducibility.experiment_seed"] = plan.seed
+    return settings
 
 
 def changed_fields(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
@@ -88,9 +104,16 @@ def checkpoint_identity(checkpoint: Path) -> dict[str, Any] | None:
     return recorded(json_record(checkpoint), "identity") or None
 
 
+def set_value(value: Any) -> str:
+    """A value as --set reads it back (YAML): '1.1' stays a string, None is null."""
+    import yaml
+
+    return yaml.safe_dump(value, default_flow_style=True, width=1 << 16).strip().removesuffix("...").strip()
+
+
 def accepted_command(command_line: list[str], saved: dict[str, Any], changed: list[str]) -> str:
     """The command that resumes with the checkpoint's own settings: the one typed, with a `--set`
-    for each field the checkpoint recorded otherwise (an earlier `--set` of it is replaced)."""
+    for each setting the checkpoint recorded otherwise (an earlier `--set` of it is replaced)."""
     keys = set(changed)
     kept, words = [], iter(command_line)
     for word in words:
@@ -104,8 +127,7 @@ def accepted_command(command_line: list[str], saved: dict[str, Any], changed: li
         else:
             kept.append(word)
     for key in changed:
-        value = saved.get(key)
-        kept += ["--set", f"{key}={'null' if value is None else value}"]
+        kept += ["--set", f"{key}={set_value(saved.get(key))}"]
     return shlex.join(["python3", "train.py", *kept])
 
 
@@ -115,10 +137,13 @@ def check_same_run(
     allow_changed: bool,
     shown: Path,
     command_line: list[str] | None = None,
+    settings: dict[str, Any] | None = None,
 ) -> None:
     """--resume DIR: the checkpoint's recorded settings (its experiment.json) against this run's; a
     difference is an error naming each field (both values) unless --allow-changed says it is
-    meant. `shown` is the directory the user gave."""
+    meant. `shown` is the directory the user gave. The command the error prints sets every
+    setting the checkpoint's run had otherwise than this one (`settings`: this run's,
+    run_settings), not only the identifying ones: pasted, it reproduces the whole run."""
     saved = record.get("identity")
     if not isinstance(saved, dict):
         logger.warning("--resume %s: the checkpoint records no experiment settings (%s); "
@@ -132,10 +157,15 @@ def check_same_run(
         logger.warning("--resume %s with changed settings (--allow-changed): %s", shown, listed)
         return
     changed = changed_fields(saved, identity)
-    settable = [key for key in changed if key in saved and "." in key]
+    to_set = [key for key in changed if key in saved and "." in key]
+    recorded_settings = record.get("settings")
+    if isinstance(recorded_settings, dict) and settings is not None:  # every setting, not only these
+        saved = {**recorded_settings, **saved}  # the identity as recorded wins where both hold a key
+        others = [key for key in changed_fields(recorded_settings, settings) if key in recorded_settings]
+        to_set = sorted({*to_set, *others})
     retry = ""
-    if command_line is not None and settable == changed:
-        retry = f" Resume with its settings: {accepted_command(command_line, saved, changed)}"
+    if command_line is not None and set(changed) <= set(to_set):
+        retry = f" Resume with its settings: {accepted_command(command_line, saved, to_set)}"
     raise ConfigError(
         f"--resume {shown}: this run's settings differ from the checkpoint's ({listed}). "
         "Resume with the config it was written with, or pass --allow-changed to continue its "

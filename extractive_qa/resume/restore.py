@@ -20,18 +20,31 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from extractive_qa import buckets, det_internals, reading
+from extractive_qa import det_internals
 from extractive_qa.errors import ConfigError, DataError
-from extractive_qa.private_dir import private_root
+from extractive_qa.io import reading
+from extractive_qa.resume.archive import not_owned
 from extractive_qa.resume.identity import (
     checkpoint_identity,
     finished_result,
     identity_changes,
     steps_completed,
 )
-from extractive_qa.resume.rewrite import REQUIRED, ExpectedState, rewrite, source_limits
+from extractive_qa.resume.rewrite import (
+    RECORDS,
+    REQUIRED,
+    STATE,
+    TRIAL_STATE,
+    ExpectedState,
+    rewrite,
+    source_limits,
+)
+from extractive_qa.storage import buckets, private_copy, source, where
+from extractive_qa.storage.private_copy import private_root
+from extractive_qa.storage.source import CheckpointSource
 
 logger = logging.getLogger("squad")
+RESUME_FILES = (STATE, TRIAL_STATE, *RECORDS)  # every file a resume decodes
 
 # --------------------------------------------------------------------------------------------
 # A checkpoint to resume, rewritten into a private directory.
@@ -149,7 +162,7 @@ def prepare_resume(
     run ends; a SIGTERM while it is written removes it too."""
     remove_stale_copies()
     if not checkpoint.is_dir():
-        raise ConfigError(f"{what} {checkpoint}: not a directory.")
+        raise ConfigError(f"{what} {checkpoint}: {reading.not_a_checkpoint(Path(checkpoint))}")
     present = [name for name in REQUIRED if (checkpoint / name).exists() or (checkpoint / name).is_symlink()]
     if not present:
         raise ConfigError(
@@ -194,24 +207,20 @@ def terminated_as_interrupt() -> Iterator[None]:
 
 
 def verify_per_machine(
-    distributed: Any,
-    checkpoint: Path | buckets.Location | det_internals.ManagedCheckpoint,
-    what: str,
-    expected: ExpectedState,
+    distributed: Any, checkpoint: CheckpointSource, what: str, expected: ExpectedState
 ) -> tuple[str, PrivateCopy | None]:
-    """A cluster's checkpoint, on shared_fs or in a bucket: each machine's local chief rewrites it
-    into a private directory on its own machine (private_root: no other user can reach it, which a
+    """A cluster's checkpoint, in any storage: each machine's local chief rewrites it into a
+    private directory on its own machine (private_root: no other user can reach it, which a
     directory in the shared storage could not promise), from its decoded contents -- once per
     machine, not once per rank -- and its local ranks restore that copy. From a bucket the local
-    chief first downloads the files a resume reads, each within its limit by the listing, into a
+    chief first fetches the files a resume reads, each within its limit by the listing, into a
     private directory of its own (removed once rewritten). A damaged, foreign or unreadable
     checkpoint stops every rank with the same message (exit 2). Returns the copy's storage id and,
     on a local chief, the copy (None elsewhere) to remove after the run."""
     verdict: dict[str, Any] | None = None
     private: PrivateCopy | None = None
     if distributed.local_rank == 0:
-        shown = checkpoint if isinstance(checkpoint, Path) else checkpoint.url
-        logger.info("verifying %s %s for the %d local rank(s)", what, shown, distributed.local_size)
+        logger.info("verifying %s %s for the %d local rank(s)", what, checkpoint.url, distributed.local_size)
         try:
             resumed = _rewrite_cluster_checkpoint(checkpoint, expected, what)
             private = resumed.copy
@@ -227,49 +236,23 @@ def verify_per_machine(
     return str(restore), private
 
 
-def _rewrite_cluster_checkpoint(
-    checkpoint: Path | buckets.Location | det_internals.ManagedCheckpoint, expected: ExpectedState, what: str
-) -> Resumed:
-    if isinstance(checkpoint, Path):
-        return prepare_resume(checkpoint, expected, what)
+def _rewrite_cluster_checkpoint(checkpoint: CheckpointSource, expected: ExpectedState, what: str) -> Resumed:
+    """The files a resume reads, where they lie or fetched privately, rewritten; a refusal names
+    the checkpoint where it lies, not the download's directory."""
     limits = source_limits(expected)
-    with _downloaded(checkpoint, what, limits) as local:
-        files = sorted(p for p in local.iterdir() if p.is_file())
-        logger.info("%s %s: downloaded %s (%.1f MB)", what, checkpoint.url, ", ".join(p.name for p in files),
-                    sum(p.stat().st_size for p in files) / 1e6)  # fmt: skip
+    with private_copy.fetched(checkpoint, what, limits.__getitem__, limits.__contains__) as local:
+        if checkpoint.in_place is None:
+            files = sorted(p for p in local.iterdir() if p.is_file())
+            names, size = ", ".join(p.name for p in files), sum(p.stat().st_size for p in files) / 1e6
+            logger.info("%s %s: downloaded %s (%.1f MB)", what, checkpoint.url, names, size)
         try:
             return prepare_resume(local, expected, what)
-        except ConfigError as err:  # named by where it lies, not by the download's directory
+        except ConfigError as err:
             raise ConfigError(str(err).replace(str(local), checkpoint.url)) from None
 
 
-@contextlib.contextmanager
-def _downloaded(
-    checkpoint: buckets.Location | det_internals.ManagedCheckpoint, what: str, limits: dict[str, int]
-) -> Iterator[Path]:
-    """The files a resume reads, in a new private directory (removed afterwards): from a bucket
-    within the listing's sizes, from other storage through Determined's manager."""
-    if isinstance(checkpoint, buckets.Location):
-        with buckets.downloaded(checkpoint, what, limits.__getitem__, limits.__contains__) as local:
-            yield local
-        return
-    local = Path(tempfile.mkdtemp(prefix=".download-", dir=private_root()))
-    try:
-        try:
-            checkpoint.download(local, set(limits))
-            os.chmod(local, 0o700)  # a copy of a directory can bring its source's mode along
-        except Exception as err:  # the storage's SDK: its own errors, all meaning "cannot fetch"
-            raise ConfigError(f"{what} {checkpoint.url}: cannot download it ({err}).") from None
-        yield local
-    finally:
-        shutil.rmtree(local, ignore_errors=True)
-
-
 def restore_on_cluster(
-    distributed: Any,
-    checkpoint: Path | buckets.Location | det_internals.ManagedCheckpoint,
-    expected: ExpectedState,
-    cleanup: contextlib.ExitStack,
+    distributed: Any, checkpoint: CheckpointSource, expected: ExpectedState, cleanup: contextlib.ExitStack
 ) -> str:
     """The storage id every rank of a cluster trial restores: its machine's rewritten copy of the
     master's latest checkpoint (verify_per_machine), which the local chief removes after the run."""
@@ -297,15 +280,17 @@ def finished_resume(flag: str | Path, resumed: Resumed, total: int) -> dict[str,
     return finished_result(resumed.record, shown, steps)
 
 
-def latest_checkpoint(storage: Path, identity: dict[str, Any], flag: str) -> Path | None:
-    """The complete checkpoint of this run (same identity) with the most steps in a local storage
-    directory, or None (`--resume auto` then starts fresh; `--resume latest` refuses).
+def same_run_checkpoints(storage: Path, identity: dict[str, Any]) -> list[Path]:
+    """The complete checkpoints of this run (same identity) in a local storage directory that
+    this user owns, newest last (by steps, then time)."""
+    return [path for _, _, path in sorted(_this_runs(storage, identity)[0])]
 
-    Only checkpoints this user owns count: a storage root others can write (Determined makes
-    shared_fs roots 0777) may hold another user's checkpoint of the same settings with more
-    steps, which is listed and skipped, never trained on. Every rank of a torchrun job decides
-    alone; they agree because they read the same directory (on several machines: shared storage,
-    which resuming there needs anyway)."""
+
+def _this_runs(
+    storage: Path, identity: dict[str, Any]
+) -> tuple[list[tuple[int, float, Path]], int, list[Path]]:
+    """(this run's checkpoints as (steps, mtime, path), how many belong to other runs, the ones
+    another user owns)."""
     found, others, foreign = [], 0, []
     for path in storage.glob("*/metadata.json") if storage.is_dir() else []:
         if path.parent.name.startswith("."):
@@ -321,10 +306,24 @@ def latest_checkpoint(storage: Path, identity: dict[str, Any], flag: str) -> Pat
             others += 1  # another experiment's, or another config's: not this run to continue
             continue
         found.append((steps, path.stat().st_mtime, path.parent))
+    return found, others, foreign
+
+
+def latest_checkpoint(storage: Path, identity: dict[str, Any], flag: str) -> Path | None:
+    """The complete checkpoint of this run (same identity) with the most steps in a local storage
+    directory, or None (`--resume auto` then starts fresh; `--resume latest` refuses).
+
+    Only checkpoints this user owns count: a storage root others can write (Determined makes
+    shared_fs roots 0777) may hold another user's checkpoint of the same settings with more
+    steps, or one with a file another user put there, which is listed and skipped, never trained
+    on. Every rank of a torchrun job decides alone; they agree because they read the same
+    directory (on several machines: shared storage, which resuming there needs anyway)."""
+    found, others, foreign = _this_runs(storage, identity)
     if foreign:
         logger.warning(
-            "--resume %s: skipped %d checkpoint(s) in %s that another user owns (%s); only your own are "
-            "continued", flag, len(foreign), storage, ", ".join(p.name for p in sorted(foreign)[:3]),
+            "--resume %s: skipped %d checkpoint(s) in %s that are not only yours (a file another user "
+            "owns or can change: %s); only your own are continued",
+            flag, len(foreign), storage, ", ".join(p.name for p in sorted(foreign)[:3]),
         )  # fmt: skip
     if found:
         return max(found)[2]
@@ -339,27 +338,34 @@ def latest_checkpoint(storage: Path, identity: dict[str, Any], flag: str) -> Pat
 
 
 def owned_by_this_user(checkpoint: Path) -> bool:
-    """Whether the checkpoint directory and the records that say what it is (metadata.json,
-    experiment.json) are this user's, none of them a link."""
-    uid = os.getuid()
-    for path in (checkpoint, checkpoint / "metadata.json", checkpoint / "experiment.json"):
+    """Whether the checkpoint directory is this user's, not a link, and every file a resume reads
+    of it is this user's own (archive.not_owned: not a link, nobody else can change it)."""
+    try:
+        info = checkpoint.lstat()
+    except OSError:
+        return False
+    if info.st_uid != os.getuid() or stat.S_ISLNK(info.st_mode):
+        return False
+    for name in RESUME_FILES:
         try:
-            info = path.lstat()
+            info = (checkpoint / name).lstat()
         except FileNotFoundError:
-            continue  # a record it lacks: the identity check then decides
+            continue  # a file it lacks: the identity check or the rewrite then decides
         except OSError:
             return False
-        if info.st_uid != uid or stat.S_ISLNK(info.st_mode):
+        if stat.S_ISLNK(info.st_mode) or not_owned(info) is not None:
             return False
     return True
 
 
 def resume_from(resume: str | Path, checkpoint_dir: Path, identity: dict[str, Any]) -> Path | None:
     """The checkpoint --resume names (None: `auto` found none of this run, start fresh); one in a
-    bucket (s3://, gs://) is downloaded once into this user's private directory and read there."""
+    bucket (s3://, gs://, azure://) is kept in this user's private cache and read there."""
     storage = checkpoint_dir / "determined"
     if buckets.is_url(resume):
-        found: Path | None = buckets.cached_checkpoint(str(resume), "--resume")
+        found: Path | None = private_copy.cached(
+            where.source_for(str(resume), "--resume"), "--resume", source.checkpoint_limit
+        )
     elif resume not in ("auto", "latest"):
         found = Path(resume)
     else:

@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from extractive_qa import model_files, reading
 from extractive_qa.errors import ConfigError
+from extractive_qa.io import model_files, reading
 from extractive_qa.resume.archive import (
     PICKLE_LIMIT,
     SMALL_MEMBER,

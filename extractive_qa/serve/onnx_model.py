@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from extractive_qa import model_files, reading
 from extractive_qa.errors import DataError
+from extractive_qa.io import model_files, reading
 
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
 OUTPUT_NAMES = ("start_logits", "end_logits")

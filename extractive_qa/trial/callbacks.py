@@ -17,7 +17,7 @@ import torch
 from determined import pytorch
 
 from extractive_qa import det_internals
-from extractive_qa.files import shared_mode, write_text_atomic
+from extractive_qa.io.files import shared_mode, write_text_atomic
 from extractive_qa.qa import qa_settings
 from extractive_qa.resume.identity import IDENTITY_RECORD
 from extractive_qa.trial import model_io, optimization
@@ -27,10 +27,13 @@ logger = logging.getLogger("squad")
 
 @dataclasses.dataclass
 class TrialExtras:
-    """What a run adds to the trial it is built with (a local run: its progress display, signal
-    handling and metric series): callbacks after the trial's own, and hooks the trial calls before
-    each batch. A cluster trial gets none."""
+    """Everything that differs by where the trial runs, handed to it by its driver once it is
+    built (launch/): the seed of its data order, what a divergence ends in, callbacks after the
+    trial's own (a local run: progress, signal handling, retention, metric series; a cluster
+    trial: the searcher's stop) and hooks the trial calls before each batch."""
 
+    seed: int  # the training data order's: the master's trial seed, or reproducibility's seed
+    end_diverged: Callable[[str], Exception]  # finite_guard.EndDiverged
     callbacks: dict[str, pytorch.PyTorchCallback] = dataclasses.field(default_factory=dict)
     before_batch: list[Callable[[int], None]] = dataclasses.field(default_factory=list)
 
@@ -207,20 +210,29 @@ class HFExport(pytorch.PyTorchCallback):
 
 class CheckpointRecord(pytorch.PyTorchCallback):
     """experiment.json in every checkpoint: the settings that identify its run
-    (resume.identity.run_identity), the digest of the training questions it read (a resume
-    refuses other content at the same path), the training length the run was planned for, and the
-    latest validation (what a resume of a finished run reports)."""
+    (resume.identity.run_identity) and all of its settings, resolved (run_settings: what a printed
+    command reproduces the run from, and which validation file its scores are on), the digest of
+    the training questions it read (a resume refuses other content at the same path), the
+    training length the run was planned for, and the latest validation (what a resume of a
+    finished run reports)."""
 
     def __init__(
-        self, identity: dict[str, Any], train_length: dict[str, int], train_sha256: str, run_log: RunLog
+        self,
+        identity: dict[str, Any],
+        settings: dict[str, Any],
+        train_length: dict[str, int],
+        train_sha256: str,
+        run_log: RunLog,
     ) -> None:
-        self.identity, self.train_length, self.train_sha256 = identity, train_length, train_sha256
+        self.identity, self.settings = identity, settings
+        self.train_length, self.train_sha256 = train_length, train_sha256
         self.run_log = run_log
 
     def on_checkpoint_write_end(self, checkpoint_dir: str) -> None:
         log = self.run_log
         record = {
             "identity": self.identity,
+            "settings": self.settings,
             "train_length": self.train_length,
             "train_sha256": self.train_sha256,
             "validation": {k: float(v) for k, v in log.validation.items() if k not in ("batches", "epochs")},

@@ -12,44 +12,46 @@ device-to-host read per optimizer step (Determined already reads every batch's l
 Under fp16 the loss scaler owns non-finite gradients (it skips that step and lowers the scale);
 the state check still applies.
 
-A local run stops with TrainingDiverged (one line, exit 2). On a cluster the trial ends as an
-invalid hyperparameter without an exit checkpoint (det_internals.end_as_invalid_hp), so a
-search moves on to its next trial. The chief's save refuses non-finite values as a last line.
+What a stop ends in is the run's driver's to say (`TrialExtras.end_diverged`): a local run
+stops with TrainingDiverged (one line, exit 2); on a cluster the trial ends as an invalid
+hyperparameter without an exit checkpoint (launch.cluster_run), so a search moves on to its next
+trial. The chief's save refuses non-finite values as a last line.
 """
 
 from __future__ import annotations
 
-import logging
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from determined import pytorch
 
-from extractive_qa import det_internals, model_files
 from extractive_qa.config.settings import Hyperparameters
 from extractive_qa.errors import TrainingDiverged
+from extractive_qa.io import model_files
 from extractive_qa.trial.optimizer_recipes import divergence_causes
 
-logger = logging.getLogger("squad")
+# What a stop that every rank takes at once ends in, given its message: TrainingDiverged for a
+# local run (the CLI prints it), an invalid hyperparameter for a cluster trial.
+EndDiverged = Callable[[str], Exception]
 
 
 class FiniteGuard:
     """The run's stop on non-finite values: `gradient_norm` after each all-reduce, `state` at
-    each workload's end and before each save. `context`: the trial context on a cluster (the stop
-    ends the trial as an invalid hyperparameter), None locally."""
+    each workload's end and before each save; `end_diverged` is what a stop every rank takes
+    ends in (the driver's)."""
 
-    def __init__(self, hp: Hyperparameters, learning_rate: float, context: Any, loss_scaled: bool) -> None:
+    def __init__(
+        self, hp: Hyperparameters, learning_rate: float, end_diverged: EndDiverged, loss_scaled: bool
+    ) -> None:
         self.hint = divergence_causes(hp, learning_rate)
-        self.context, self.loss_scaled = context, loss_scaled
+        self.end_diverged, self.loss_scaled = end_diverged, loss_scaled
 
     def stop(self, what: str, every_rank: bool = True) -> Exception:
         """The exception that stops the run; `every_rank`: every rank raises it at this point
         (only then can a cluster trial end as an invalid hyperparameter)."""
         message = f"training stopped: {what}. Likely: {self.hint}."
-        if self.context is None or not every_rank:
-            return TrainingDiverged(message)  # locally the CLI prints it
-        logger.error(message)  # the trial's log is all a cluster user sees
-        return det_internals.end_as_invalid_hp(self.context)
+        return self.end_diverged(message) if every_rank else TrainingDiverged(message)
 
     def gradient_norm(self, norm: torch.Tensor, loss: torch.Tensor, batch_idx: int) -> None:
         """Raise when the averaged gradients' norm is NaN or infinite (before the step applies

@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
-from extractive_qa import model_files
 from extractive_qa.config.model_family import qa_class
+from extractive_qa.io import model_files
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from extractive_qa.files import ROOT
+from extractive_qa.io.files import ROOT
 
 WORLD = 2
 
@@ -66,7 +66,7 @@ def record(args: argparse.Namespace) -> None:
         ["--config", args.config, "--checkpoint-dir", args.checkpoint_dir, "--batches", str(args.batches)]
         + [x for item in args.set for x in ("--set", item)]
     )
-    result = train.run(run_args, trial_class=Instrumented)
+    result = train.run(train.run_options(run_args), trial_class=Instrumented)
     if dist.get_rank() == 0:
         Path(args.out).write_text(json.dumps({"events": events, "batches": batches, "result": result}))
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from extractive_qa.config import experiment
-from extractive_qa.files import ROOT
+from extractive_qa.io.files import ROOT
 from tests.support import det_cluster
 from tests.support.project import DEV_V1, TRAIN_V1, one_process_scores
 

@@ -33,7 +33,7 @@ from urllib.parse import parse_qs, urlparse
 from determined.common.api import bindings
 
 from extractive_qa.config import experiment
-from extractive_qa.files import ROOT
+from extractive_qa.io.files import ROOT
 
 TASK_ID = "1.trial-1"
 

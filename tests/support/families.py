@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from extractive_qa.files import ROOT
+from extractive_qa.io.files import ROOT
 
 FAMILIES = ("bert", "distilbert", "electra", "roberta", "xlm-roberta", "albert", "deberta-v2", "modernbert")
 TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}

@@ -1,5 +1,7 @@
-"""S3 and GCS on loopback, for tests: moto's S3 server and gcp-storage-emulator, each started on
-127.0.0.1 on a free port and stopped afterwards, with one bucket, and what a test does with it --
+"""S3, GCS and Azure Blob on loopback, for tests: moto's S3 server, gcp-storage-emulator and Azurite
+(npm's `azurite`, installed into .cache/azurite on first use when it is not on PATH), each
+started on 127.0.0.1 on a free port and stopped afterwards, with one bucket, and what a test does
+with it --
 the checkpoint_storage block a cluster trial is given, the environment a local command reads (the
 SDKs' standard variables), uploads through Determined's own storage manager (as a trial uploads
 a checkpoint), and the listing. Nothing leaves loopback.
@@ -18,7 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-KINDS = ("s3", "gcs")
+KINDS = ("s3", "gcs")  # every test of buckets runs on these; Azure where a test asks for it
+AZURITE = "azurite@3.35.0"
+# Azurite's well-known development account (its documentation's, not a secret).
+AZURITE_ACCOUNT = "devstoreaccount1"
+AZURITE_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
 PREFIX = "runs"  # checkpoint_storage.prefix, so that keys are PREFIX/UUID/...
 KEY = "testing"  # moto accepts any key until its auth is switched on (refuse_unknown_keys)
 
@@ -39,7 +45,7 @@ class ObjectStore:
 
     @property
     def scheme(self) -> str:
-        return "s3" if self.kind == "s3" else "gs"
+        return {"s3": "s3", "gcs": "gs", "azure": "azure"}[self.kind]
 
     def url(self, uuid: str) -> str:
         return f"{self.scheme}://{self.bucket}/{self.prefix}/{uuid}"
@@ -49,6 +55,9 @@ class ObjectStore:
         if self.kind == "s3":
             return {"type": "s3", "bucket": self.bucket, "prefix": self.prefix, "endpoint_url": self.endpoint,
                     "access_key": KEY, "secret_key": KEY}  # fmt: skip
+        if self.kind == "azure":
+            return {"type": "azure", "container": f"{self.bucket}/{self.prefix}",
+                    "connection_string": self.env["AZURE_STORAGE_CONNECTION_STRING"]}  # fmt: skip
         return {"type": "gcs", "bucket": self.bucket, "prefix": self.prefix}
 
     def manager(self) -> Any:
@@ -66,6 +75,8 @@ class ObjectStore:
         with self.environment():
             if self.kind == "s3":
                 self._s3().put_object(Bucket=self.bucket, Key=key, Body=data)
+            elif self.kind == "azure":
+                self._azure().upload_blob(key, data, overwrite=True)
             else:
                 self._gcs().bucket(self.bucket).blob(key).upload_from_string(data)
 
@@ -76,6 +87,8 @@ class ObjectStore:
                 lister = self._s3().get_paginator("list_objects_v2")
                 pages = lister.paginate(Bucket=self.bucket, Prefix=prefix)
                 return {o["Key"]: o["Size"] for page in pages for o in page.get("Contents") or []}
+            if self.kind == "azure":
+                return {b.name: b.size for b in self._azure().list_blobs(name_starts_with=prefix)}
             return {b.name: b.size for b in self._gcs().list_blobs(self.bucket, prefix=prefix)}
 
     def delete(self, prefix: str) -> None:
@@ -85,6 +98,10 @@ class ObjectStore:
                 s3 = self._s3()
                 for key in keys:
                     s3.delete_object(Bucket=self.bucket, Key=key)
+            elif self.kind == "azure":
+                container = self._azure()
+                for key in keys:
+                    container.delete_blob(key)
             else:
                 bucket = self._gcs().bucket(self.bucket)
                 for key in keys:
@@ -94,6 +111,12 @@ class ObjectStore:
         import boto3
 
         return boto3.session.Session().client("s3", endpoint_url=self.endpoint)
+
+    def _azure(self) -> Any:
+        from azure.storage import blob
+
+        client = blob.BlobServiceClient.from_connection_string(self.env["AZURE_STORAGE_CONNECTION_STRING"])
+        return client.get_container_client(self.bucket)
 
     def _gcs(self) -> Any:
         from google.cloud import storage
@@ -156,8 +179,67 @@ def gcs_store(bucket: str = "checkpoints") -> Iterator[ObjectStore]:
         server.stop()
 
 
+def azurite_binary() -> Path | None:
+    """azurite-blob: on PATH, or installed from npm into .cache/azurite (once); None without npm."""
+    import shutil
+    import subprocess
+
+    from tests.support.project import ROOT
+
+    found = shutil.which("azurite-blob")
+    if found:
+        return Path(found)
+    local = ROOT / ".cache" / "azurite"
+    binary = local / "node_modules" / ".bin" / "azurite-blob"
+    if not binary.exists() and shutil.which("npm"):
+        local.mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            ["npm", "install", "--prefix", str(local), "--no-audit", "--no-fund", "--silent", AZURITE],
+            capture_output=True, timeout=300, check=False,
+        )  # fmt: skip
+    return binary if binary.exists() else None
+
+
+@contextlib.contextmanager
+def azure_store(bucket: str = "checkpoints") -> Iterator[ObjectStore]:
+    """Azurite's blob service in memory, with one container."""
+    import shutil
+    import subprocess
+    import tempfile
+    import time
+
+    import pytest
+
+    binary = azurite_binary()
+    if binary is None:
+        pytest.skip(f"Azure on loopback needs Azurite: npm install {AZURITE} (node and npm)")
+    port, workspace = free_port(), tempfile.mkdtemp(prefix="azurite-")
+    process = subprocess.Popen(
+        [str(binary), "--blobHost", "127.0.0.1", "--blobPort", str(port), "--inMemoryPersistence", "--silent",
+         "--skipApiVersionCheck", "--disableTelemetry", "--location", workspace],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    endpoint = f"http://127.0.0.1:{port}/{AZURITE_ACCOUNT}"
+    connection = (f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};AccountKey={AZURITE_KEY};"
+                  f"BlobEndpoint={endpoint};")  # fmt: skip
+    store = ObjectStore("azure", endpoint, bucket, {"AZURE_STORAGE_CONNECTION_STRING": connection})
+    try:
+        for _ in range(100):  # it listens within a second or two
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                break
+            time.sleep(0.1)
+        from azure.storage import blob
+
+        blob.BlobServiceClient.from_connection_string(connection).create_container(bucket)
+        yield store
+    finally:
+        process.terminate()
+        process.wait(10)
+        shutil.rmtree(workspace, ignore_errors=True)
+
+
 def object_store(kind: str, bucket: str = "checkpoints") -> Any:
-    return s3_store(bucket) if kind == "s3" else gcs_store(bucket)
+    return {"s3": s3_store, "gcs": gcs_store, "azure": azure_store}[kind](bucket)
 
 
 @contextlib.contextmanager

@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from extractive_qa.files import ROOT
+from extractive_qa.io.files import ROOT
 from tests.support.cli_result import last_json
 
 DATA = ROOT / "squad_data"

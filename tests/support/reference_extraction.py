@@ -15,7 +15,7 @@ from extractive_qa.config.model_family import EMBEDDED_MODEL
 from extractive_qa.config.settings import WindowSpec
 from extractive_qa.data import squad_files
 from extractive_qa.data.features import Features, build_features, load_tokenizer
-from extractive_qa.files import ROOT
+from extractive_qa.io.files import ROOT
 
 
 def windows_by_example(features: Features) -> dict[int, list[int]]:

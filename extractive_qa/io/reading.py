@@ -27,7 +27,7 @@ from typing import Any, BinaryIO
 
 from extractive_qa.errors import ConfigError, DataError
 
-ROOT = Path(__file__).resolve().parents[1]  # the repository root: entry scripts and YAMLs
+ROOT = Path(__file__).resolve().parents[2]  # the repository root: entry scripts and YAMLs
 
 MIB = 1 << 20
 
@@ -154,6 +154,29 @@ def not_a_file(path: Path | str, base: Path | None = None, shown: Path | str | N
     if not given.is_absolute() and start != ROOT and (ROOT / given).exists():
         return f"{shown}: no such file{where}; the project has {ROOT / given} -- give that path."
     return f"{shown}: no such file{where}."
+
+
+LIST_CHECKPOINTS = (
+    "`python3 train.py --checkpoints` lists the checkpoints a run wrote, with the path to paste"
+)
+
+
+def not_a_checkpoint(path: Path) -> str:
+    """Why `path` names no checkpoint directory, with where it was looked for and the next command:
+    the one wording of train.py --resume, predict.py and export.py. A documentation placeholder
+    pasted as it is (UUID) is said to be one."""
+    where = Path.cwd() / path if not path.is_absolute() else path
+    if path.name in ("UUID", "CHECKPOINT", "DIR"):
+        return (
+            f"{path.name} stands for a checkpoint's directory name, the one a run printed "
+            f'("checkpoint": ...). {LIST_CHECKPOINTS}; none yet: train one first with `python3 train.py`.'
+        )
+    if path.exists():
+        return f"{where} is a file, not a checkpoint directory. {LIST_CHECKPOINTS}."
+    return (
+        f"no such directory ({where}), and not a Determined checkpoint UUID or an s3://, gs:// or "
+        f"azure:// URL. {LIST_CHECKPOINTS}; none yet: train one first with `python3 train.py`."
+    )
 
 
 def read_bytes(

@@ -15,9 +15,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from extractive_qa import reading
 from extractive_qa.det_internals import uploaded
 from extractive_qa.errors import DataError
+from extractive_qa.io import reading
 
 ROOT = reading.ROOT  # the repository root: entry scripts and YAMLs (the reader names files by it)
 

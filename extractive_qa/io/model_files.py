@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from extractive_qa import reading
+from extractive_qa.io import reading
 
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
