@@ -227,8 +227,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(
             f"error: a peer process stopped answering during a collective ({str(err).splitlines()[0]}). "
             f"A machine left the network or crashed; this rank gives up after "
-            f"{run_plan.TIMEOUT_VARIABLE} (torch's default: 30 min) so the run ends and max_restarts "
-            "resumes it from the latest checkpoint.",
+            f"{run_plan.TIMEOUT_VARIABLE} (torch's default: 30 min for gloo, 10 for NCCL) so the run ends "
+            "and max_restarts resumes it from the latest checkpoint.",
             file=sys.stderr,
         )
         return 3

@@ -35,7 +35,7 @@ def run_one(config: str, frequency: int, optimizer: str, workdir: Path) -> dict[
         "--set", f"optimizations.aggregation_frequency={frequency}",
         "--set", f"hyperparameters.optimizer={optimizer}",
         "--set", "hyperparameters.lr_scaling=none",  # the lr unchanged: what this table measures
-        "--checkpoint-dir", str(workdir / "checkpoints"),
+        "--checkpoint-dir", str(workdir / "checkpoints"), "--restart",
         "--metrics-out", str(metrics),
     ]  # fmt: skip
     started = time.perf_counter()

@@ -53,7 +53,14 @@ def local_run(conf: dict, tmp: Path) -> tuple[float, dict]:
     tmp.mkdir(parents=True, exist_ok=True)
     path = tmp / "local.yaml"
     path.write_text(json.dumps(conf))
-    program = [str(ROOT / "train.py"), "--config", str(path), "--checkpoint-dir", str(tmp / "ckpt")]
+    program = [
+        str(ROOT / "train.py"),
+        "--config",
+        str(path),
+        "--checkpoint-dir",
+        str(tmp / "ckpt"),
+        "--restart",
+    ]
     cmd, env = scaling_runs.torchrun(
         2, program, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false"
     )

@@ -15,6 +15,7 @@ model, one GPU -- so a page's blocks are read in one place.
 from __future__ import annotations
 
 import functools
+import re
 import statistics
 from collections.abc import Callable
 from pathlib import Path
@@ -135,6 +136,36 @@ def ci_time(name: str) -> str:
     failed = f", exit {result['rc']}: failed" if result["rc"] != "0" else ""
     minutes = float(result["seconds"]) / 60
     return f"{num(minutes, 1)} min ({machine_label(fields['machine'])}, {fields['date']}{failed})"
+
+
+CI_BUDGET_S = 900  # a fresh clone's .ci/run on the fastest CPU class seen; the slowest gets 1,200
+
+
+@block("ci-files")
+def ci_files(name: str, shown: str = "12") -> str:
+    """The CI run's budget line and its slowest test files, from the same file as ci-time: each
+    suite's seconds per file (the `seconds per test file` lines pytest prints), the main suite's
+    and the compat suite's side by side."""
+    from bench.results_files import RESULTS, machine_label
+    from extractive_qa.io import reading
+
+    header, _, body = reading.read_text(RESULTS / name, reading.RECORD).partition("\n\n")
+    fields = dict(line.split(": ", 1) for line in header.splitlines() if ": " in line)
+    seconds = float(dict(part.split("=") for part in fields["result"].split())["seconds"])
+    suites: list[dict[str, float]] = []
+    for part in body.split("\n== ")[0:]:
+        files = {m[2]: float(m[1]) for m in re.finditer(r"^\s*([\d.]+)\s+(tests/\S+\.py)$", part, re.M)}
+        if files:
+            suites.append(files)
+    main, compat = suites[0], (suites[1] if len(suites) > 1 else {})
+    slowest = sorted(main, key=lambda f: -(main[f] + compat.get(f, 0.0)))[: int(shown)]
+    rows = [[f"`{f}`", num(main[f], 1), num(compat[f], 1) if f in compat else "-"] for f in slowest]
+    verdict = "within" if seconds <= CI_BUDGET_S else "over"
+    line = (
+        f"{num(seconds, 0)} s in all, {verdict} the {CI_BUDGET_S:,} s budget "
+        f"({machine_label(fields['machine'])}, {fields['date']}); the slowest test files:"
+    )
+    return line + "\n\n" + table(["test file", "main suite, s", "compat suite, s"], rows)
 
 
 def study_diff(name: str, factor: str, first: str, second: str) -> dict[str, Any]:
@@ -269,8 +300,8 @@ def resume_rewrite(name: str) -> str:
 @block("data-speed")
 def data_speed() -> str:
     """Feature preparation, answer extraction, a full-size train set, the cache's check."""
-    features, extraction = Results("features-amx.json"), Results("extraction-amx.json")
-    full, cache = Results("full-size-epyc.json"), Results("cache-check-epyc.json")
+    features, extraction = Results("features-epyc-zen5.json"), Results("extraction-epyc-zen5.json")
+    full, cache = Results("full-size-epyc-zen5.json"), Results("cache-check-epyc-zen5.json")
     rows = [
         [
             "feature preparation against the transformers QA examples' tokenization",
@@ -471,52 +502,33 @@ def paired_text(diff: dict[str, Any] | None) -> str:
     return f"{study.fmt_diff(diff)} ({verdict(diff)})" if diff else "-"
 
 
-def lr_row() -> list[str]:
-    results = Results("lr-scaling-epyc.json")
-    rows = results["rows"]
-    seeds = tuple(int(seed) for seed in lr_scaling.SEEDS.split(","))
-    ref = lr_scaling.reference_lr(rows, seeds[:3])
-    one = lr_scaling.cell("adamw", 1, "none", ref)
-    parts = []
-    for k in (2, 4, 8):
-        s = study.summary(rows, lr_scaling.cell("adamw", k, "sqrt", ref), one)
-        parts.append(f"{k}x {study.fmt_diff(s and s['diff'])}")
+def masks_row() -> list[str]:
+    name = "cpu-masks-epyc-zen5.json"
     return [
-        "learning rate by the square-root rule, paired F1 against 1x",
-        "; ".join(parts),
-        measured_on(results),
-        "[scaling](scaling.md)",
+        "the fast dropout masks against torch's, bf16 on a CPU, paired F1; training time",
+        f"{paired_text(study_diff(name, 'masks', 'fast', 'torch'))}; training time "
+        f"{ratio_text(name, 'masks', 'fast', 'torch')}",
+        measured_on(Results(name)),
+        "[below](#bf16-on-the-cpu)",
     ]
 
 
-def batching_row() -> list[str]:
-    results = Results("batching-epyc.json")
-    rows = results["rows"]
-    s = study.summary(rows, batching.cell("sorted/8"), batching.cell("padded"))
+def step_row() -> list[str]:
+    results = Results("cpu-step-epyc-zen5.json")
+    measured = results["precisions"][0]
+    ladder = Results("throughput-cpu-epyc.json")
     return [
-        "length-sorted batches (the default) against padding to the maximum, paired F1",
-        paired_text(s and s["diff"]),
+        f"the CPU training step ({measured['precision']}) against its matrix products alone; against the "
+        "standard recipe with its bf16",
+        f"{num(measured['step_over_bound'])}x the bound; {num(ladder['speedup_over_standard_bf16'])}x the "
+        "standard recipe's sequences/s",
         measured_on(results),
-        "[batching](batching.md)",
-    ]
-
-
-def squad2_row() -> list[str]:
-    results = Results("squad2-epyc.json")
-    rows = results["rows"]
-    seeds = squad2.shared_seeds(rows, "v2", "v1.1-style")
-    f1 = ("at_zero", "f1")
-    diff = study.paired(squad2.column(rows, "v2", f1, seeds), squad2.column(rows, "v1.1-style", f1, seeds))
-    return [
-        "SQuAD 2.0: training with the unanswerable questions, paired F1 at threshold 0",
-        paired_text(diff),
-        measured_on(results),
-        "[squad2](squad2.md)",
+        "[below](#the-training-step-against-its-bound)",
     ]
 
 
 def precision_row() -> list[str]:
-    name = "cpu-precision-amx-fast-masks.json"
+    name = "cpu-precision-epyc-fast-masks.json"
     return [
         "bf16 against fp32 on a CPU, paired F1; training time",
         f"{paired_text(study_diff(name, 'precision', 'bf16', 'fp32'))}; training time "
@@ -539,19 +551,8 @@ def runtime_row() -> list[str]:
     ]
 
 
-def gpu_row() -> list[str]:
-    results = Results("throughput-h100-graphs-bf16-b64.json")
-    best = results["rows"][-1]
-    return [
-        f"BERT-base on one GPU, {results['batch_size']} per GPU, bf16, {best['name'].lstrip('+ ')}",
-        f"{num(best['sequences_per_s'], 0)} sequences/s, MFU {num(100 * best['mfu'], 1)} %",
-        measured_on(results),
-        "[gpu](gpu.md)",
-    ]
-
-
 def features_row() -> list[str]:
-    results = Results("features-amx.json")
+    results = Results("features-epyc-zen5.json")
     return [
         "feature preparation against the transformers QA examples, the same features",
         f"{num(results['speedup'])}x",
@@ -562,7 +563,7 @@ def features_row() -> list[str]:
 
 @block("results-in-brief")
 def results_in_brief() -> str:
-    rows = [precision_row(), lr_row(), batching_row(), squad2_row(), runtime_row(), features_row(), gpu_row()]
+    rows = [precision_row(), masks_row(), step_row(), runtime_row(), features_row()]
     return table(["what", "result", "machine, date", "details"], rows)
 
 
@@ -590,7 +591,7 @@ def dry_run_value(config: str, field: str, *overrides: str) -> str:
     """A value the dry run derives from a YAML (the resolved learning rate, the optimizer steps),
     so a page's table of the YAMLs changes with them: `dry-run local.yaml learning_rate KEY=VALUE`."""
     value = planned(config, overrides)[field]
-    if field == "learning_rate":
+    if field.endswith("learning_rate"):
         return exponent_text(value)
     return f"{value:,}" if isinstance(value, int) else str(value)
 

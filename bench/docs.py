@@ -10,17 +10,23 @@ sentence. `--check` fails when:
   page was not rewritten), or a block's name is unknown;
 - a measured-looking number stands outside every block (a decimal, or a number with a unit of
   time, size, speed or ratio); what is not a measurement is in NOT_FIGURES, each with its reason;
-- a results file does not name its command, commit, date, true machine and versions
-  (bench.results_files);
-- prose outside every block states a verdict, names a machine a results file names, compares
-  speeds in a paragraph that neither holds nor follows a block, or types a number the dry run
-  derives from a shipped YAML (VERDICT, machine_words, COMPARISON, derived_numbers);
+- a results file does not name its command, commit, date, true machine (a CPU with its family
+  and model) and versions, or its provenance was filled in after its run (bench.results_files);
+- prose outside every block states a verdict (or restates a study's: "holds at", "level with"),
+  gives a measured quantity in words ("halved", "thousands of"), names a machine a results file
+  names, compares speeds in a paragraph that neither holds nor follows a block, or types a number
+  the dry run derives from a shipped YAML or a rate a shipped YAML sets (VERDICT, WORDED,
+  machine_words, COMPARISON, derived_numbers, shipped_rates);
 - a study's report kept in the docs (docs/*/report.md) is not the table of the report.json beside
   it, or that JSON does not name its provenance;
 - a plot a page shows does not name, in its PNG metadata, the results file beside it that it was
   drawn from with that file's SHA-256 as it is now (`--write` draws it again);
 - a test a page names as the guard of a promise (`tests/test_x.py`, `tests/test_x.py::test_y`)
-  is not there: a renamed or deleted test takes its pages' promises with it.
+  is not there: a renamed or deleted test takes its pages' promises with it;
+- a paragraph sets figures of different machines side by side without saying so.
+
+One idea: the one check that a page's figures, words and promises are its results files' and
+tests', each way a page can drift named with its page and line.
 """
 
 from __future__ import annotations
@@ -294,11 +300,14 @@ def free_claims(text: str, machines: set[str], derived: dict[str, str]) -> list[
         for m in re.finditer(rf"(?<![\w.,/-])(?:{pattern})(?![\w/]|[.,]\d)", words):
             what = f"is derived by the dry run ({source}): use a dry-run block"
             found.append((m.start(), f"{m.group()!r} {what}"))
-    spans = prose_with_code(text)  # a rate typed as `2e-4` is still typed
+    # A shipped YAML's rate typed on a line that speaks of the YAMLs (as text or as code); the same
+    # figure in a citation of a paper's or another project's recipe is theirs, not a setting here.
+    spans = prose_with_code(text)
     for pattern, source in shipped_rates().items():
-        for m in re.finditer(rf"(?<![\w.,/-])(?:{pattern})(?![\w/]|[.,]\d)", spans):
-            what = f"is a setting of {source}: give it from the dry run's block"
-            found.append((m.start(), f"{m.group()!r} {what}"))
+        for line in re.finditer(r"[^\n]*(?:\.yaml\b|\bYAMLs?\b|\bshipped\b)[^\n]*", spans):
+            for m in re.finditer(rf"(?<![\w.,/-])(?:{pattern})(?![\w/]|[.,]\d)", line.group()):
+                what = f"is a setting of {source}: give it from the dry run's block"
+                found.append((line.start() + m.start(), f"{m.group()!r} {what}"))
     return sorted((words.count("\n", 0, at) + 1, what) for at, what in found)
 
 
@@ -313,9 +322,36 @@ def prose_with_code(text: str) -> str:
     return text
 
 
+SAYS_MACHINES_DIFFER = re.compile(r"(?i)\b(?:different|other|another) (?:machines?|CPUs?|GPUs?)\b")
+
+
+def mixed_machines(text: str, labels: set[str]) -> list[tuple[int, str]]:
+    """Paragraphs whose inline blocks give figures of different machines side by side without a
+    word saying so (a table names each row's machine; a sentence must say it)."""
+    found = []
+    for paragraph in re.finditer(r"(?:.+\n?)+", text):
+        inline = [m for m in BLOCK.finditer(paragraph.group()) if "|---" not in m["body"]]
+        named = {label for m in inline for label in labels if label in m["body"]}
+        named = {n for n in named if not any(n != o and n in o for o in named)}  # the longest label
+        if len(named) > 1 and not SAYS_MACHINES_DIFFER.search(prose(paragraph.group())):
+            line = text.count("\n", 0, paragraph.start()) + 1
+            which = "; ".join(sorted(named))
+            what = f"sets figures of different machines side by side ({which}) without saying so"
+            found.append((line, what))
+    return found
+
+
+def machine_labels() -> set[str]:
+    labels = set()
+    for path in sorted((ROOT / "bench" / "results").glob("*.json")):
+        for machine in re.findall(r'"machine": "([^"]+)"', reading.read_text(path, reading.RECORD)):
+            labels |= {results_files.machine_label(part) for part in machine.split("; ")}
+    return labels
+
+
 def problems() -> list[str]:
     found = []
-    machines, derived = machine_words(), derived_numbers()
+    machines, derived, labels = machine_words(), derived_numbers(), machine_labels()
     for path in sorted((ROOT / "bench" / "results").glob("*.json")):
         found += [f"bench/results/{path.name}: {p}" for p in results_files.file_problems(path)]
     for page in [*pages(), *reports()]:
@@ -351,6 +387,7 @@ def problems() -> list[str]:
             for line, figure in free_figures(text)
         ]
         found += [f"{shown}:{line}: {what}" for line, what in free_claims(text, machines, derived)]
+        found += [f"{shown}:{line}: {what}" for line, what in mixed_machines(text, labels)]
     return found
 
 

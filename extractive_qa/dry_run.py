@@ -144,26 +144,26 @@ class WindowCount:
     misplaced: str = ""  # SquadSet.misplaced_note of the training file read here
 
 
+def training_file_here(source: str, name: str, root: Path) -> Path:
+    """Where the training file is (or will be) on this machine: a download's cache place, or the
+    path relative to the project."""
+    from extractive_qa.data.squad_files import OFFICIAL_SHA256, cache_name, default_download_dir
+
+    if source.startswith(("http://", "https://")):
+        return default_download_dir() / cache_name(source, name, OFFICIAL_SHA256.get(name))
+    return Path(source) if Path(source).is_absolute() else root / source
+
+
 def count_training_windows(data: DataSettings, root: Path) -> WindowCount:
     """The training windows the run will train on, and how that number was obtained."""
     from extractive_qa.data.feature_cache import CacheDamage, features_fingerprint, read_entry
     from extractive_qa.data.features import build_features, load_tokenizer
-    from extractive_qa.data.squad_files import (
-        OFFICIAL_SHA256,
-        cache_name,
-        check_version,
-        default_download_dir,
-        first_examples,
-        load_squad,
-    )
+    from extractive_qa.data.squad_files import check_version, default_download_dir, first_examples, load_squad
 
     spec = WindowSpec(data.max_seq_length, data.doc_stride, data.max_query_length)
     source = str(data.train_file)
     name = source.rstrip("/").rsplit("/", 1)[-1]
-    if source.startswith(("http://", "https://")):
-        local = default_download_dir() / cache_name(source, name, OFFICIAL_SHA256.get(name))
-    else:
-        local = Path(source) if Path(source).is_absolute() else root / source
+    local = training_file_here(source, name, root)
     estimate = OFFICIAL_WINDOWS.get((name, spec.max_seq_length, spec.doc_stride, spec.max_query_length))
 
     def fallback(why: str) -> WindowCount:
@@ -174,7 +174,9 @@ def count_training_windows(data: DataSettings, root: Path) -> WindowCount:
 
     if source.startswith(DATASETS_PREFIX):
         return fallback(f"{source} is read through datasets when the run starts")
-    if not local.is_file():
+    if local.exists() and not local.is_file():  # a directory, a FIFO, a device: named, not waited on
+        raise DataError(f"data.train_file: {reading.not_a_file(local)}")
+    if not local.is_file():  # not here yet (a download)
         return fallback(f"{source} is not on this machine yet")
     try:
         tokenizer = load_tokenizer(data.pretrained_model, local_only=True)

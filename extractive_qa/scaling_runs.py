@@ -161,6 +161,7 @@ def run_local(series: Sequence[Variant], batches: int, out: Path) -> list[RunInp
         write_text_atomic(conf_path, yaml.safe_dump(conf, sort_keys=False))
         program = [str(ROOT / "train.py"), "--config", str(conf_path), "--batches", str(batches)]
         program += ["--metrics-out", str(metrics), "--checkpoint-dir", str(out / "checkpoints")]
+        program += ["--restart"]  # every run of a series trains from the beginning, as on a cluster
         # Each process gets its share of the cores, as each GPU is its own device on a cluster.
         threads = str(max(1, (os.cpu_count() or 1) // v.slots))
         cmd, env = torchrun(v.slots, program, OMP_NUM_THREADS=threads)

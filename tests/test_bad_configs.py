@@ -189,6 +189,10 @@ PROBES: dict[str, tuple[Any, str]] = {
         changed("checkpoint_storage", {"type": "gcs", "host_path": "/x"}),
         "host_path",
     ),
+    "storage-azure-container-with-a-path": (  # Determined uploads there and cannot list it back
+        changed("checkpoint_storage", {"type": "azure", "container": "my-checkpoints/squad"}),
+        "checkpoint_storage.container: 'my-checkpoints/squad' names a path inside a container",
+    ),
     "learning-rate-above-1": (hp("learning_rate", 2.0), "hyperparameters.learning_rate: must be <= 1.0"),
     "broken-yaml": ("name: [unclosed\n", "YAML"),
     "empty-file": ("", "mapping"),

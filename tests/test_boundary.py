@@ -204,3 +204,27 @@ def test_a_python_without_the_libraries_is_told_to_activate_the_venv(script: str
     assert done.returncode == 2 and len(lines) == 1, done.stderr
     assert lines[0].startswith("error: torch, transformers, numpy") and "not installed for" in lines[0]
     assert ". .venv/bin/activate" in lines[0] and "pip install -r requirements.txt" in lines[0]
+
+
+def test_a_yaml_refusal_and_a_fifo_are_each_one_line(tmp_path: Path) -> None:
+    """PyYAML's own message quotes the offending line under a caret, over four lines; a FIFO given
+    as a data file was "no such file; did you mean <itself>?". Each is one line naming the file and
+    what it is."""
+    import os
+
+    from tests.support.project import run_train
+
+    duplicate, tagged = tmp_path / "duplicate.yaml", tmp_path / "tagged.yaml"
+    duplicate.write_text("name: a\nname: b\n")
+    tagged.write_text("name: !!python/object:os.system {}\n")
+    fifo = tmp_path / "train.json"
+    os.mkfifo(fifo)
+    cases = (
+        (["--config", str(duplicate)], "key 'name' is given twice in this mapping at line 2, column 1"),
+        (["--config", str(tagged)], "python/object:os.system' at line 1, column 7"),
+        (["--set", f"data.train_file={fifo}"], f"{fifo}: is a named pipe (FIFO), not a regular file"),
+    )
+    for argv, needle in cases:
+        code, _, err = run_train([*argv, "--dry-run"])
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert code == 2 and len(lines) == 1 and needle in lines[0], err

@@ -70,13 +70,13 @@ def test_a_checkpoint_goes_up_and_comes_back_whole_once(trained, store, private:
     (ckpt / "empty-dir").mkdir(exist_ok=True)
     try:
         url = uploaded(store, ckpt, "whole")
-        listed = store.listing(f"{object_stores.PREFIX}/whole/")
+        listed = store.listing(store.key("whole/"))
         copy = cached(url, "--checkpoint")
         assert tree(copy) == tree(ckpt)
     finally:
         (ckpt / "empty-dir").rmdir()
     assert sum(listed.values()) == sum(p.stat().st_size for p in ckpt.rglob("*") if p.is_file())
-    assert {k for k in listed if k.endswith("/")} >= {f"{object_stores.PREFIX}/whole/hf/"}
+    assert {k for k in listed if k.endswith("/")} >= {store.key("whole/hf/")}
     assert copy.parent == private / "checkpoints" and (private / "checkpoints").stat().st_mode & 0o077 == 0
     assert cached(url, "--checkpoint") == copy  # reused: the listing is the one it was fetched from
 
@@ -96,7 +96,7 @@ def test_serving_fetches_only_hf_and_a_resume_the_whole_checkpoint(trained, stor
     other = uploaded(store, ckpt, "resumed-first")
     first = cached(other, "--resume")
     assert cached(other, "--checkpoint", part="hf") == first
-    store.put(f"{object_stores.PREFIX}/no-hf/metadata.json", b"{}")
+    store.put(store.key("no-hf/metadata.json"), b"{}")
     assert "not a checkpoint of this project (no hf/config.json" in _refused(store.url("no-hf"))
 
 
@@ -153,13 +153,11 @@ def _refused(url: str, *extra: str) -> str:
 def test_what_is_not_a_checkpoint_is_named_in_one_line(trained, store, private: Path) -> None:
     ckpt, _ = trained
     scheme, bucket = store.scheme, store.bucket
-    assert "no checkpoint there" in _refused(f"{scheme}://{bucket}/{object_stores.PREFIX}/nothing-here")
-    store.put(f"{object_stores.PREFIX}/a-file", b"{}")
-    assert "an object, not a checkpoint directory" in _refused(
-        f"{scheme}://{bucket}/{object_stores.PREFIX}/a-file"
-    )
-    store.put(f"{object_stores.PREFIX}/not-one/notes.txt", b"hello")
-    assert "no metadata.json" in _refused(f"{scheme}://{bucket}/{object_stores.PREFIX}/not-one")
+    assert "no checkpoint there" in _refused(store.url("nothing-here"))
+    store.put(store.key("a-file"), b"{}")
+    assert "an object, not a checkpoint directory" in _refused(store.url("a-file"))
+    store.put(store.key("not-one/notes.txt"), b"hello")
+    assert "no metadata.json" in _refused(store.url("not-one"))
     assert "cannot read the bucket" in _refused(f"{scheme}://no-such-bucket/{object_stores.PREFIX}/x")
     assert "not a checkpoint URL" in _refused(f"{scheme}://{bucket}")
     assert not list((private / "checkpoints").iterdir())
@@ -174,7 +172,7 @@ def test_a_key_that_would_leave_the_directory_is_refused_before_anything_is_fetc
     ckpt, _ = trained
     url = uploaded(store, ckpt, "climbing")
     bad = "../../outside" if store.kind == "s3" else "hf//config.json"  # the emulator refuses '..'
-    store.put(f"{object_stores.PREFIX}/climbing/{bad}", b"x")
+    store.put(store.key(f"climbing/{bad}"), b"x")
     fetched: list[str] = []
     monkeypatch.setattr(source.BoundedFile, "write", lambda self, data: fetched.append(self.shown))
     line = _refused(url)
@@ -224,8 +222,13 @@ def test_an_endpoint_that_is_down_is_answered_in_seconds(store, private: Path, m
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]  # nobody listens there once closed
-    variable = "AWS_ENDPOINT_URL" if store.kind == "s3" else "STORAGE_EMULATOR_HOST"
-    monkeypatch.setenv(variable, f"http://127.0.0.1:{port}")
+    down = f"http://127.0.0.1:{port}"
+    if store.kind == "azure":  # the endpoint is part of the connection string
+        account = store.endpoint.rsplit("/", 1)[0]
+        connection = store.env["AZURE_STORAGE_CONNECTION_STRING"].replace(account, down)
+        monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", connection)
+    else:
+        monkeypatch.setenv("AWS_ENDPOINT_URL" if store.kind == "s3" else "STORAGE_EMULATOR_HOST", down)
     start = time.monotonic()
     line = _refused(store.url("anything"))
     assert time.monotonic() - start < 30 and "cannot read the bucket" in line and "endpoint" in line

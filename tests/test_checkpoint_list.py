@@ -47,7 +47,7 @@ def test_each_checkpoint_is_named_by_its_run(trained: tuple[Path, dict], tmp_pat
     assert f" {steps} of 6 " in lines[0] and em_f1 in lines[0]
     assert "squad-v2?[2Jrun" in lines[1] and "\x1b" not in out  # recorded text cannot drive the terminal
     assert " 2.0 " in lines[1] and " 1.1 " in lines[0]
-    assert lines[2].split()[3:] == ["?", "?", "?", "?", "?", "?", "-", "-"] + lines[2].split()[-2:]
+    assert lines[2].split()[3:] == ["?"] * 6 + ["-", "-", "-"] + lines[2].split()[-2:], lines[2]
     size = sum(f.stat().st_size for f in checkpoint.rglob("*") if f.is_file())
     assert lines[0].endswith(f"{size / 1e6:,.0f} MB")  # the 5 MB behind the link not counted
 
@@ -79,3 +79,17 @@ def test_runs_of_one_name_are_told_apart_by_optimizer_and_changed_settings(
     _, first, second = out.strip().splitlines()
     assert " adamw " in first and " radam " in second
     assert "adam_beta2=0.95" in second and "adam_beta2=0.999" in first
+
+
+def test_each_score_names_the_questions_it_was_scored_on(trained: tuple[Path, dict], tmp_path: Path) -> None:
+    """Scores of two validation files look alike: the listing names each checkpoint's file (and
+    the first N questions where a run validated on a subset)."""
+    checkpoint, _ = trained
+    mine = _copy(checkpoint, tmp_path, "subset")
+    record = json.loads((mine / "experiment.json").read_text())
+    record["settings"].update({"data.validation_file": "my-dev.json", "data.max_eval_examples": 40})
+    (mine / "experiment.json").write_text(json.dumps(record))
+    code, out, err = run_main(["train.py", "--checkpoints", "--checkpoint-dir", str(tmp_path)], cwd=tmp_path)
+    assert code == 0, err
+    header, row = out.strip().splitlines()
+    assert "validated on" in header and "my-dev.json (first 40)" in row

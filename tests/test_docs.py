@@ -1,5 +1,8 @@
 """Every figure of the README and docs is generated from its results file: `python3 -m bench.docs
---check` passes on the tree, and fails when a page or a results file is made false."""
+--check` passes on the tree, and fails when a page or a results file is made false.
+
+One idea: each way a page or a results file can be made false, planted in a copy of the tree,
+against the one check that must name it."""
 
 from __future__ import annotations
 
@@ -63,13 +66,16 @@ def test_a_figure_in_prose_is_named_and_settings_are_not(tree: Path) -> None:
 
 
 def test_a_results_file_without_its_machine_is_named(tree: Path) -> None:
-    path = tree / "bench" / "results" / "cache-check-epyc.json"
+    path = tree / "bench" / "results" / "cache-check-epyc-zen5.json"
     data = json.loads(path.read_text())
     data["machine"] = "x86_64, 2 cores"
     path.write_text(json.dumps(data))
     found = docs.problems()
-    assert "bench/results/cache-check-epyc.json: machine 'x86_64, 2 cores' names no CPU model or GPU" in found
-    assert any("block 'value cache-check-epyc.json" in p for p in found)
+    assert (
+        "bench/results/cache-check-epyc-zen5.json: machine 'x86_64, 2 cores' names no CPU model or GPU"
+        in found
+    )
+    assert any("block 'value cache-check-epyc-zen5.json" in p for p in found)
 
 
 def test_a_page_naming_a_test_that_is_not_there_is_named(tree: Path) -> None:
@@ -117,10 +123,9 @@ def test_a_plot_that_no_longer_shows_its_results_file_is_named(tree: Path) -> No
     report_json.write_text(json.dumps(data, indent=1))
     stale = "plot docs/multi-machine/report.png does not show report.json as it is now"
     assert any(p.startswith("docs/scaling.md:") and stale in p for p in docs.problems())
-    png = tree / "bench" / "results" / "lr-scaling-epyc.png"
+    png = tree / "docs" / "multi-machine" / "report.png"
     png.write_bytes(png.read_bytes().replace(b"sha256:", b"sha256:0", 1))  # a stamp of other bytes
-    assert any("plot bench/results/lr-scaling-epyc.png does not show" in p for p in docs.problems())
-    assert docs.png_text(png.read_bytes())["Source"].startswith("lr-scaling-epyc.json sha256:0")
+    assert docs.png_text(png.read_bytes())["Source"].startswith("report.json sha256:0")
 
 
 def test_a_yaml_table_follows_the_yamls(tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -330,14 +335,14 @@ def test_a_flipped_verdict_or_a_moved_derived_number_is_named(tree: Path) -> Non
     plant(readme, f"<!-- generated: {spec} -->{steps:,}<!-- /generated -->",
           f"<!-- generated: {spec} -->{steps + 1:,}<!-- /generated -->")  # fmt: skip
     found = docs.problems()
-    assert any("README.md" in p and "block 'paired cpu-precision-amx-fast-masks.json" in p for p in found)
+    assert any("README.md" in p and "block 'paired cpu-precision-epyc-fast-masks.json" in p for p in found)
     derived = f"'{steps:,}' is derived by the dry run"
     assert any(p.startswith("docs/cluster.md") and derived in p for p in found)
     assert any("README.md" in p and f"block '{spec}' differs" in p for p in found)
 
 
 def test_a_results_file_without_versions_or_its_hosts_cores_is_named(tree: Path) -> None:
-    name = "first-command-fp32-epyc.json"
+    name = "first-command-fp32-epyc-zen5.json"
     path = tree / "bench" / "results" / name
     data = json.loads(path.read_text())
     row = data["rows"][0]
@@ -347,3 +352,72 @@ def test_a_results_file_without_versions_or_its_hosts_cores_is_named(tree: Path)
     named = [p for p in docs.problems() if p.startswith(f"bench/results/{name}")]
     assert any("versions without determined" in p for p in named), named
     assert any("does not name the threads used and the host's cores" in p for p in named), named
+
+
+def test_two_cpus_never_share_a_label_and_a_cpu_without_its_family_is_refused(tree: Path) -> None:
+    """A label carries the CPU's family and model: the two EPYC generations this project ran on
+    are told apart, and a file whose CPU names no family (which would share a label) is refused."""
+    zen4 = "AMD EPYC (cpu family 25 model 17), 2 threads of 2 cores, bf16 units: AVX512-BF16"
+    zen5 = "AMD EPYC (cpu family 26 model 2), 2 threads of 2 cores, bf16 units: AVX512-BF16"
+    assert results_files.machine_label(zen4) != results_files.machine_label(zen5)
+    assert results_files.machine_label(zen5) == "AMD EPYC (family 26 model 2, AVX512-BF16)"
+    path = tree / "bench" / "results" / "cache-check-epyc-zen5.json"
+    data = json.loads(path.read_text())
+    data["machine"] = "AMD EPYC, 2 threads of 2 cores, bf16 units: AVX512-BF16"
+    path.write_text(json.dumps(data))
+    assert any(
+        p.startswith("bench/results/cache-check-epyc-zen5.json") and "does not name the CPU's family" in p
+        for p in docs.problems()
+    )
+
+
+def test_a_backfilled_results_file_is_refused(tree: Path) -> None:
+    """Provenance comes from the run that measured: a file whose fields were filled in later is
+    refused, and so is every block that shows it."""
+    path = tree / "bench" / "results" / "cache-check-epyc-zen5.json"
+    data = json.loads(path.read_text())
+    data["provenance_backfilled"] = ["machine: the host's cores from another file"]
+    path.write_text(json.dumps(data))
+    found = docs.problems()
+    assert any(
+        p.startswith("bench/results/cache-check-epyc-zen5.json: its provenance was filled in") for p in found
+    )
+    assert any("block 'value cache-check-epyc-zen5.json" in p for p in found)
+
+
+def test_worded_figures_restated_verdicts_and_typed_settings_are_named(tree: Path) -> None:
+    """Beside results, a quantity in words, a study's verdict restated, and a shipped YAML's rate
+    typed by hand are figures: each must come from a block."""
+    page = tree / "docs" / "results.md"
+    before = set(docs.problems())
+    page.write_text(page.read_text() + (
+        "\nbf16 halved the matrix products, and the masks were the largest item of a step.\n\n"
+        "The square root holds at 2x and is level with the linear rule: the best rule.\n\n"
+        "local.yaml ships lr 2e-4 at 16 samples.\n"
+    ))  # fmt: skip
+    named = set(docs.problems()) - before
+    for expected in (
+        "'halved' is a measured quantity in words", "'the largest item' is a measured quantity",
+        "'holds at' is a verdict", "'level with' is a verdict", "'the best rule' is a verdict",
+        "'2e-4' is a setting of",
+    ):  # fmt: skip
+        assert any(expected in p for p in named), (expected, sorted(named))
+
+
+def test_figures_of_two_machines_side_by_side_must_say_so(tree: Path) -> None:
+    results = tree / "bench" / "results"
+    other = json.loads((results / "first-command-epyc-zen5.json").read_text())
+    for row in other["rows"]:
+        row["machine"] = row["machine"].replace("cpu family 26 model 2", "cpu family 25 model 17")
+    (results / "first-command-other-cpu.json").write_text(json.dumps(other))
+    page = tree / "docs" / "results.md"
+    text = page.read_text()
+    block = "<!-- generated: first-command {} --><!-- /generated -->"
+    one, two = block.format("first-command-epyc-zen5.json"), block.format("first-command-other-cpu.json")
+    pair = f"\nbf16 printed {one} and {two}.\n"
+    page.write_text(text + docs.rewritten(pair))
+    assert any("sets figures of different machines side by side" in p for p in docs.problems())
+    page.write_text(
+        text + docs.rewritten(pair.replace("bf16 printed", "On different machines, bf16 printed"))
+    )
+    assert not any("side by side" in p for p in docs.problems())

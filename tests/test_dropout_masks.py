@@ -189,11 +189,13 @@ def test_the_trial_uses_them_on_the_cpu_and_says_so(tiny_bert: Path, tmp_path: P
     each reproducible), and the model line names the choice."""
     caplog.set_level(logging.INFO)
     losses = {}
-    for choice in ("fast", "torch", "fast"):
+    for run, choice in enumerate(("fast", "torch", "fast")):
         conf = tiny_config(tiny_bert, tmp_path)
         conf["hyperparameters"]["dropout_masks"] = choice
         config = write_yaml(conf, tmp_path / f"{choice}.yaml")
-        code, result, err = run_train(["--config", str(config), "--checkpoint-dir", str(tmp_path / "ck")])
+        code, result, err = run_train(
+            ["--config", str(config), "--checkpoint-dir", str(tmp_path / f"ck{run}")]
+        )
         assert code == 0, err
         losses.setdefault(choice, set()).add(result["last_train_loss"])
         said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("model ")]

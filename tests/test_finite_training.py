@@ -24,15 +24,14 @@ def checkpoints_in(directory: Path) -> list[Path]:
 
 @pytest.mark.parametrize(
     ("setting", "named"),
-    [
-        ("adam_epsilon=1e-50", "hyperparameters.adam_epsilon: 1e-50"),  # 0 in fp32: 0/0 at step 1
-        ("no_answer_loss_weight=1e38", "hyperparameters.no_answer_loss_weight: 1e+38"),
-    ],
+    # 0 in fp32: 0/0 at step 1. (A no_answer_loss_weight large enough to overflow is refused by
+    # its maximum before training: tests/test_config.py.)
+    [("adam_epsilon=1e-50", "hyperparameters.adam_epsilon: 1e-50")],
 )
 def test_a_diverging_run_stops_at_that_step_and_writes_no_checkpoint(
     setting: str, named: str, tiny_bert: Path, tmp_path: Path
 ) -> None:
-    """Without the guard both runs finished, wrote a checkpoint of NaN weights and exited 0."""
+    """Without the guard the run finished, wrote a checkpoint of NaN weights and exited 0."""
     config = write_yaml(tiny_config(tiny_bert, tmp_path), tmp_path / "exp.yaml")
     code, result, err = run_train(
         ["--config", str(config), "--checkpoint-dir", str(tmp_path / "ck"), "--batches", "4",

@@ -38,8 +38,8 @@ def test_card_holds_the_final_metrics_settings_and_digests(trained: tuple[Path, 
 
 
 def test_v2_card_has_best_f1_and_threshold(tiny_bert: Path, tmp_path: Path) -> None:
-    conf = tiny_config(tiny_bert, tmp_path, squad_version="2.0", validation_file=str(DEV_V2),
-                       max_eval_examples=80)  # fmt: skip
+    conf = tiny_config(tiny_bert, tmp_path, squad_version="2.0", train_file=str(DEV_V2),
+                       validation_file=str(DEV_V2), max_eval_examples=80)  # fmt: skip
     config = write_yaml(conf, tmp_path / "exp.yaml")
     code, result, err = run_train(["--config", str(config), "--checkpoint-dir", str(tmp_path / "ck")])
     assert code == 0, err[-2000:]

@@ -271,7 +271,8 @@ def test_an_output_in_the_upload_is_refused_for_being_there_whatever_its_name(
 
 
 def test_a_link_in_hf_is_refused_by_the_export_not_copied(trained, tmp_path: Path) -> None:
-    """A link planted in hf/ to another file (a 0600 secret) is not followed into the export."""
+    """A link planted in hf/ to another file (a 0600 secret), under a name the export copies
+    (vocab.txt), is not followed into the export; under any other name it is not read at all."""
     import shutil
 
     pytest.importorskip("onnxruntime")
@@ -281,9 +282,14 @@ def test_a_link_in_hf_is_refused_by_the_export_not_copied(trained, tmp_path: Pat
     secret.write_text("key")
     secret.chmod(0o600)
     (checkpoint / "hf" / "notes.txt").symlink_to(secret)
+    (checkpoint / "hf" / "vocab.txt").symlink_to(secret)
     code, _, err = run_main(["export.py", "--checkpoint", str(checkpoint), "--out", str(tmp_path / "out")])
-    assert code == 2 and "notes.txt" in err and "not a plain file" in err, err
-    assert not (tmp_path / "out" / "notes.txt").exists()
+    assert code == 2 and "vocab.txt" in err and "not a plain file" in err, err
+    assert not (tmp_path / "out" / "vocab.txt").exists()
+    (checkpoint / "hf" / "vocab.txt").unlink()
+    code, _, err = run_main(["export.py", "--checkpoint", str(checkpoint), "--out", str(tmp_path / "out"),
+                             "--no-int8", "--check-questions", "4"])  # fmt: skip
+    assert code == 0 and not (tmp_path / "out" / "notes.txt").exists(), err[-2000:]
 
 
 @pytest.mark.cluster_stack

@@ -192,7 +192,7 @@ def stores() -> Any:
             for kind in (*object_stores.KINDS, "azure")
         ]
         for store in found:
-            store.prefix = "squad"
+            store.prefix = "squad" if store.kind != "azure" else ""
         yield found
 
 

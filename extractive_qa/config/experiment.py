@@ -99,6 +99,15 @@ def where_the_configs_are(path: Path) -> str:
     return f"The project's configs are in {ROOT}: {', '.join(shipped)}."
 
 
+def yaml_reason(err: yaml.YAMLError) -> str:
+    """PyYAML's reason in one line: what is wrong and where (its own message quotes the line
+    under a caret, over several lines)."""
+    problem = getattr(err, "problem", None) or getattr(err, "context", None) or str(err)
+    mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return " ".join(f"{problem}{where}".split())
+
+
 def load_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     try:
@@ -106,7 +115,7 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     except reading.MissingFile:
         raise ConfigError(f"{path}: no such config file. {where_the_configs_are(path)}") from None
     except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML ({err}).") from None
+        raise ConfigError(f"{path}: not valid YAML ({yaml_reason(err)}).") from None
     except RecursionError:
         raise ConfigError(f"{path}: nested too deeply to be an experiment config.") from None
     except ValueError as err:  # e.g. an integer of thousands of digits
@@ -123,9 +132,10 @@ def load_experiment(path: str | Path, overrides: list[str]) -> dict[str, Any]:
     return conf
 
 
-def _check_override_path(key: str) -> None:
+def _check_override_path(key: str, raw: str = "") -> None:
     """`--set` may only name what exists: a top-level key of the master's schema, a setting of
-    `data:` / `hyperparameters:`, or a key of the sections the master defines."""
+    `data:` / `hyperparameters:`, or a key of the sections the master defines. `raw` is the value
+    typed, so a suggestion is the whole word to type."""
     parts = key.split(".")
     if parts[0] not in TOP_LEVEL_KEYS:
         settings = {f"{section}.{f.name}" for section, cls in (("data", DataSettings), ("hyperparameters",
@@ -133,7 +143,7 @@ def _check_override_path(key: str) -> None:
         leaf = {name.split(".", 1)[1]: name for name in settings}
         if parts[0] in leaf:  # a setting without its section: say which
             raise ConfigError(f"--set {key}: {parts[0]!r} is a setting of {leaf[parts[0]].split('.')[0]}: "
-                              f"--set {leaf[parts[0]]}{key[len(parts[0]):]}")  # fmt: skip
+                              f"--set {leaf[parts[0]]}{key[len(parts[0]):]}={raw}")  # fmt: skip
         raise ConfigError(
             f"--set {key}: {parts[0]!r} is not an experiment-config key{_nearest(parts[0], TOP_LEVEL_KEYS)}."
         )
@@ -168,7 +178,7 @@ def apply_overrides(conf: dict[str, Any], overrides: list[str]) -> dict[str, Any
         key, sep, raw = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"--set {item!r}: expected dotted.key=value.")
-        _check_override_path(key)
+        _check_override_path(key, raw)
         try:
             value = parse_yaml(raw) if raw else ""
         except yaml.YAMLError:

@@ -46,7 +46,7 @@ class RunPlan:
     step_zero_validation: bool
     reporting_period: int
     seed: int
-    collective_timeout_s: float | None = None  # None: torch's default (30 minutes)
+    collective_timeout_s: float | None = None  # None: torch's default (gloo 30 min, NCCL 10 min)
     profiling: bool = False  # profiling.enabled: Determined's system-metrics profiler (cluster only)
     attention: str = "auto"  # the attention implementation the model loads with (hp's, resolved)
     attention_note: str = ""  # how it was chosen

@@ -150,6 +150,15 @@ def _check_storage(storage: Any) -> None:
     for key in known & set(storage):
         if storage[key] is not None and not isinstance(storage[key], str):
             raise ConfigError(f"checkpoint_storage.{key}: expected text, got {str(storage[key])[:40]}.")
+    container = str(storage.get("container") or "").strip("/")
+    if kind == "azure" and "/" in container:
+        # Determined 0.38.1 uploads to CONTAINER/PATH but lists the blobs of a container by that
+        # whole name (common/storage/azure.py:72), which Azure answers as a blob that does not
+        # exist: the storage check at every trial's start fails (exec/launch.py:86-94).
+        raise ConfigError(
+            f"checkpoint_storage.container: {container[:80]!r} names a path inside a container, which "
+            f"Determined cannot read back; give the container alone ({container.split('/')[0]!r})."
+        )
     for key in RETENTION_KEYS:
         _integer(storage, key, "checkpoint_storage", minimum=0)
 

@@ -139,6 +139,14 @@ def not_a_file(path: Path | str, base: Path | None = None, shown: Path | str | N
     shown = given if shown is None else Path(shown)
     start = Path.cwd() if base is None else base
     full = given if given.is_absolute() else start / given
+    try:
+        mode = full.stat().st_mode
+    except OSError:
+        mode = 0
+    for test, kind in ((stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):  # fmt: skip
+        if test(mode):
+            return f"{shown}: is {kind}, not a regular file; give a file."
     if full.is_dir():
         inside = sorted(p.name for p in full.iterdir() if p.is_file() and not p.name.startswith("."))
         listed = f" (it holds {', '.join(inside[:4])}{', ...' if len(inside) > 4 else ''})" if inside else ""

@@ -19,6 +19,7 @@ from extractive_qa.config import run_plan
 from extractive_qa.config.experiment import Source
 from extractive_qa.launch.trial_run import BuiltTrial, RunDriver, TrialBuilder, final_result, trial_context
 from extractive_qa.resume.restore import restore_on_cluster
+from extractive_qa.trial import optimization
 from extractive_qa.trial.callbacks import SearcherStop, TrialExtras
 
 logger = logging.getLogger("squad")
@@ -46,11 +47,10 @@ class ClusterRun(RunDriver):
         """The storage id fit restores: the master's latest checkpoint (shared_fs or a bucket),
         rewritten per machine by the resume guard (Determined reads the steps from the copy's
         metadata.json); None when the trial starts fresh."""
-        if self.source.checkpoint_path is None or self.expected is None:
+        if self.source.checkpoint_path is None:
             return None
-        return restore_on_cluster(
-            context.distributed, self.source.checkpoint_path, self.expected, self.cleanup
-        )
+        expected = optimization.expected_state(self.plan)  # what it must fit (the model on the meta device)
+        return restore_on_cluster(context.distributed, self.source.checkpoint_path, expected, self.cleanup)
 
 
 def cluster_extras(trial: BuiltTrial, context: pytorch.PyTorchTrialContext) -> TrialExtras:

@@ -49,7 +49,8 @@ BUCKET_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]")
 ADVICE = {
     "s3": "is the endpoint up and is it S3 (AWS_ENDPOINT_URL, checkpoint_storage.endpoint_url)?",
     "gs": "is the endpoint up and is it GCS (STORAGE_EMULATOR_HOST)?",
-    "azure": "is the account up (AZURE_STORAGE_CONNECTION_STRING, checkpoint_storage.connection_string)?",
+    "azure": "is the account's endpoint up "
+    "(AZURE_STORAGE_CONNECTION_STRING, checkpoint_storage.connection_string)?",
 }
 
 
@@ -110,8 +111,8 @@ def parse_url(text: str, what: str) -> Location:
 def from_storage(conf: dict[str, Any], storage_id: str) -> Location:
     """Where a cluster's checkpoint `storage_id` lies, for `checkpoint_storage` of type s3, gcs or
     azure: the bucket, the config's prefix (normalised as Determined's storage.normalize_prefix
-    does; Azure's container may carry a path, as Determined's azure.py joins it) and the
-    endpoint and credentials the config gives."""
+    does; an Azure container's path, which config.schema refuses for a run, is read as a prefix)
+    and the endpoint and credentials the config gives."""
     kind = conf.get("type")
     if source.bad_name(storage_id) or "/" in storage_id:
         raise DataError(f"checkpoint {storage_id!r}: not a checkpoint id a master hands out.")
@@ -216,10 +217,16 @@ class GCS:
 class Azure:
     def __init__(self, loc: Location) -> None:
         from azure.storage import blob
+        from azure.storage.blob import ExponentialRetry
 
         text = loc.connection_string or os.environ.get("AZURE_STORAGE_CONNECTION_STRING")
         timeouts = {"connection_timeout": source.CONNECT_TIMEOUT_S, "read_timeout": source.READ_TIMEOUT_S}
-        sizes = {"max_single_get_size": CHUNK * 4, "max_chunk_get_size": CHUNK * 4, "retry_total": ATTEMPTS}
+        sizes = {"max_single_get_size": CHUNK * 4, "max_chunk_get_size": CHUNK * 4}
+        # The SDK's own policy waits 15 s before its first retry and longer after; these waits are
+        # 1, 3 and 5 s, so an account that is down is named in seconds.
+        retries = {"retry_policy": ExponentialRetry(initial_backoff=1, increment_base=2, retry_total=ATTEMPTS,
+                                                    random_jitter_range=0)}  # fmt: skip
+        timeouts |= retries
         self.loc = loc
         if text:
             self.client = blob.BlobServiceClient.from_connection_string(text, **timeouts, **sizes)

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from extractive_qa.errors import DataError
+from extractive_qa.io import reading
 from extractive_qa.storage import source
 from extractive_qa.storage.source import Entry, Progress
 
@@ -69,11 +70,8 @@ class LocalDirectory:
 
     def fetch(self, entries: Sequence[Entry], target: Path, progress: Progress) -> None:
         def copy(entry: Entry, out: source.BoundedFile) -> None:
-            with open(self.path / entry.name, "rb", opener=_no_follow) as file:
+            # The listing's size bounds the copy (out); the reader refuses a link, a FIFO, a device.
+            with reading.open_regular(self.path / entry.name, reading.WEIGHTS, follow_links=False) as file:
                 shutil.copyfileobj(file, out, 1 << 20)
 
         source.write_entries(entries, target, self.url, progress, copy)
-
-
-def _no_follow(path: str, flags: int) -> int:
-    return os.open(path, flags | os.O_NOFOLLOW)

@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from extractive_qa.errors import ConfigError, DataError
+from extractive_qa.io import reading
 from extractive_qa.storage import source
 from extractive_qa.storage.source import CheckpointSource, Entry
 
@@ -181,7 +182,7 @@ def _usable(entry: Path, record_path: Path, expected: dict | None) -> bool:
     """Whether a kept entry is whole, this user's alone, and (with `expected`) the listing's."""
     try:
         own_directory(entry, "a kept checkpoint")
-        kept = json.loads(record_path.read_text())
+        kept = reading.read_json_object(record_path, reading.RECORD, follow_links=False)
     except (OSError, ValueError, ConfigError):
         return False
     names = {name: size for name, size, _ in kept.get("entries", [])}
@@ -256,6 +257,9 @@ def _download_into_cache(
     try:
         (staging / "download").mkdir(mode=0o700)
         download(src, entries, staging / "download", what)
+        # A copying download (Determined's SDK: shutil.copytree from shared_fs) gives the folder
+        # the storage's mode; the kept copy is this user's alone, as _usable requires.
+        os.chmod(staging / "download", 0o700)
         (staging / "record.json").write_text(json.dumps(_record(entries, src)))
         os.replace(staging / "download", cache / name)
         os.replace(staging / "record.json", cache / f"{name}.json")

@@ -37,26 +37,31 @@ def free_port() -> int:
 
 @dataclass
 class ObjectStore:
-    kind: str  # "s3" or "gcs"
+    kind: str  # "s3", "gcs" or "azure"
     endpoint: str  # http://127.0.0.1:PORT
     bucket: str
     env: dict[str, str] = field(default_factory=dict)  # what a local command or container reads
-    prefix: str = PREFIX
+    prefix: str = PREFIX  # S3 and GCS; an Azure container has none (checkpoint_storage has no prefix)
 
     @property
     def scheme(self) -> str:
         return {"s3": "s3", "gcs": "gs", "azure": "azure"}[self.kind]
 
+    def key(self, path: str) -> str:
+        """The object key of `path` under this store's prefix."""
+        return f"{self.prefix}/{path}" if self.prefix else path
+
     def url(self, uuid: str) -> str:
-        return f"{self.scheme}://{self.bucket}/{self.prefix}/{uuid}"
+        return f"{self.scheme}://{self.bucket}/{self.prefix + '/' if self.prefix else ''}{uuid}"
 
     def storage(self) -> dict[str, Any]:
         """The experiment's checkpoint_storage, as a cloud cluster's YAML gives it."""
         if self.kind == "s3":
             return {"type": "s3", "bucket": self.bucket, "prefix": self.prefix, "endpoint_url": self.endpoint,
                     "access_key": KEY, "secret_key": KEY}  # fmt: skip
-        if self.kind == "azure":
-            return {"type": "azure", "container": f"{self.bucket}/{self.prefix}",
+        if self.kind == "azure":  # a container alone: Determined cannot list a path inside one
+            assert not self.prefix, "checkpoint_storage of type azure has no prefix"
+            return {"type": "azure", "container": self.bucket,
                     "connection_string": self.env["AZURE_STORAGE_CONNECTION_STRING"]}  # fmt: skip
         return {"type": "gcs", "bucket": self.bucket, "prefix": self.prefix}
 
@@ -214,20 +219,22 @@ def azure_store(bucket: str = "checkpoints") -> Iterator[ObjectStore]:
     if binary is None:
         pytest.skip(f"Azure on loopback needs Azurite: npm install {AZURITE} (node and npm)")
     port, workspace = free_port(), tempfile.mkdtemp(prefix="azurite-")
-    process = subprocess.Popen(
+    process = subprocess.Popen(  # in memory: nothing on disk; its cwd holds any file it writes anyway
         [str(binary), "--blobHost", "127.0.0.1", "--blobPort", str(port), "--inMemoryPersistence", "--silent",
-         "--skipApiVersionCheck", "--disableTelemetry", "--location", workspace],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+         "--skipApiVersionCheck", "--disableTelemetry"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=workspace,
     )  # fmt: skip
     endpoint = f"http://127.0.0.1:{port}/{AZURITE_ACCOUNT}"
     connection = (f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};AccountKey={AZURITE_KEY};"
                   f"BlobEndpoint={endpoint};")  # fmt: skip
-    store = ObjectStore("azure", endpoint, bucket, {"AZURE_STORAGE_CONNECTION_STRING": connection})
+    store = ObjectStore("azure", endpoint, bucket, {"AZURE_STORAGE_CONNECTION_STRING": connection}, prefix="")
     try:
         for _ in range(100):  # it listens within a second or two
             with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):
                 break
             time.sleep(0.1)
+        else:
+            raise RuntimeError(f"Azurite ({binary}) did not listen on port {port} within 10 s")
         from azure.storage import blob
 
         blob.BlobServiceClient.from_connection_string(connection).create_container(bucket)
