@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import inspect
 import io
 import itertools
 import json
@@ -200,7 +201,11 @@ class MasterWeights:
             }
             for g in optimizer.param_groups
         ]
-        return type(optimizer)(groups, **optimizer.defaults)
+        # Its constructor's own options only: torch's AdamW records `decoupled_weight_decay` among
+        # its defaults (it is an Adam underneath) but does not take it as an argument.
+        accepted = inspect.signature(type(optimizer).__init__).parameters
+        options = {k: v for k, v in optimizer.defaults.items() if k in accepted}
+        return type(optimizer)(groups, **options)
 
     def take_gradients(self) -> None:
         for master, p in zip(self.fp32, self.params, strict=True):

@@ -230,10 +230,11 @@ def free_figures(text: str) -> list[tuple[int, str]]:
 
 
 def machine_words() -> set[str]:
-    """The model word of every machine a results file names (EPYC, Xeon, H100, ...): a page names
-    the machine of a figure only inside the figure's block."""
+    """The model word of every machine a results file names (EPYC, Xeon, H100, ...), the kept
+    files of unrecorded provenance included (a machine that measured here once is one a page could
+    name): a page names the machine of a figure only inside the figure's block."""
     words = set()
-    for path in sorted((ROOT / "bench" / "results").glob("*.json")):
+    for path in sorted((ROOT / "bench" / "results").rglob("*.json")):
         for machine in re.findall(r'"machine": "([^"]+)"', reading.read_text(path, reading.RECORD)):
             for part in machine.split("; "):
                 label = results_files.machine_label(part)

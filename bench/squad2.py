@@ -446,6 +446,8 @@ def main() -> int:
     else:  # a section with its own: the file's still names the run that trained the rows
         named = {key: prov[key] for key in ("command", "commit", "date", "machine")}
         result["overhead"] = {**named, **overhead(args)}
+        if "command" not in result:  # a file of this run alone: its provenance is the file's
+            result.update(prov)
     study.save(args.json, result)
     print(report(result) if args.what == "run" else overhead_report(result["overhead"]))
     return 0

@@ -58,3 +58,14 @@ def fused_adamw(device_type: str) -> bool:
         return True
     major, minor = (int(part) for part in torch.__version__.split(".")[:2])
     return device_type == "cpu" and (major, minor) >= (2, 4)
+
+
+def cpu_autocast_dtype() -> Any:
+    """The dtype CPU autocast computes in, or None where it is off. torch >= 2.4 asks by device
+    (`is_autocast_enabled("cpu")`); torch 2.3 has only the CPU-named functions
+    (`is_autocast_cpu_enabled`), which later versions deprecate."""
+    import torch
+
+    if hasattr(torch, "get_autocast_dtype"):
+        return torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None
+    return torch.get_autocast_cpu_dtype() if torch.is_autocast_cpu_enabled() else None

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.project import completed
+from tests.support.project import bench_output, completed
 
 
 def test_inference_benchmark_runs_predicts_path_and_reports(trained, tmp_path: Path) -> None:
@@ -66,12 +66,6 @@ def test_inference_runtimes_compare_torch_and_onnx_with_scores(trained, tmp_path
     assert abs(rows["onnx"]["f1"] - rows["torch-fp32"]["f1"]) < 1e-6  # 30 questions: no near-tie flips
 
 
-def _bench(script: str, *args: str) -> str:
-    done = completed(["-m", f"bench.{script.removesuffix('.py')}", *args])
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout
-
-
 def test_batching_stats_and_report(tmp_path: Path) -> None:
     """bench/batching.py stats on the bundled text (no training) and the paired table."""
     path = tmp_path / "batching.json"
@@ -81,7 +75,7 @@ def test_batching_stats_and_report(tmp_path: Path) -> None:
         for s, f1 in zip([42, 43, 44], [50.0, 52.0, 51.0], strict=True)
     ]
     path.write_text(json.dumps({"config": "local.yaml", "baseline": "random/8", "rows": rows}))
-    out = _bench("batching.py", "stats", "--json", str(path), "--seeds", "42,43")
+    out = bench_output("batching.py", "stats", "--json", str(path), "--seeds", "42,43")
     stats = json.loads(path.read_text())["stats"]["arms"]
     assert stats["sorted/8"]["repeat_share"] > 5 * stats["buckets/64"]["repeat_share"]
     assert (
@@ -111,7 +105,7 @@ def test_batching_report_applies_the_default_rule_to_each_machine_speed(tmp_path
     path.write_text(
         json.dumps({"config": "local.yaml", "baseline": "random/8", "rows": rows, "speed": speed})
     )
-    out = _bench("batching.py", "report", "--json", str(path))
+    out = bench_output("batching.py", "report", "--json", str(path))
     a, b = out.split("on CPU A):")[1].split("on CPU B):")
     assert "- PASS buckets/64: F1 -0.50 (within), 2.60x padded (fast enough)" in a
     assert "- FAIL sorted/8: F1 -1.50 (outside), 3.00x padded (fast enough)" in a
@@ -136,18 +130,18 @@ def test_cpu_precision_report_pairs_seeds_and_applies_the_f1_rule(tmp_path: Path
         return out
 
     path.write_text(json.dumps({"config": "local.yaml", "rows": rows(0.4)}))
-    out = _bench("cpu_precision", "report", "--json", str(path))
+    out = bench_output("cpu_precision", "report", "--json", str(path))
     assert "fixed: recipe fast, masks torch" in out
     assert "| bf16 | 5 | 51.60 ± 1.58 | 43.60 ± 1.58 | 242.0 |" in out
     assert "training time bf16 / fp32, runs measured here, per seed: 42: 0.800, 43: 0.801" in out
     assert "- precision bf16 - fp32: paired F1 -0.40 [-0.40, -0.40], n = 5; rule" in out
     assert "PASS: auto may pick bf16" in out
     path.write_text(json.dumps({"config": "local.yaml", "rows": rows(3.0)}))
-    assert "FAIL: keep fp32 as the default" in _bench("cpu_precision", "report", "--json", str(path))
+    assert "FAIL: keep fp32 as the default" in bench_output("cpu_precision", "report", "--json", str(path))
     # Two bf16 runs with the fast masks: their own arm, compared with nothing of the other masks'.
     fast = [{**r, "masks": "fast", "f1": 0.0} for r in rows(0.4) if r["seed"] in (42, 43)]
     path.write_text(json.dumps({"config": "local.yaml", "rows": rows(0.4) + fast}))
-    out = _bench("cpu_precision", "report", "--json", str(path))
+    out = bench_output("cpu_precision", "report", "--json", str(path))
     assert "- precision bf16 - fp32 (masks torch): paired F1 -0.40 [-0.40, -0.40], n = 5" in out
     assert "- precision bf16 - fp32 (masks fast): paired F1 +0.00 [+0.00, +0.00], n = 2" in out
     assert "- masks fast - torch (precision bf16): paired F1 -50.10" in out
@@ -174,7 +168,7 @@ def test_cpu_precision_runs_pin_every_factor() -> None:
 
 def test_cache_check_benchmark_reports_the_check_and_the_hashing(tmp_path: Path) -> None:
     out = tmp_path / "cache.json"
-    _bench("cache_check", "--windows", "500", "--length", "64", "--json", str(out))
+    bench_output("cache_check", "--windows", "500", "--length", "64", "--json", str(out))
     report = json.loads(out.read_text())
     assert report["windows"] == 500 and report["bytes"] > 500 * 64 * 5
     assert report["warm_check_s"] > 0 and report["sha256_gb_per_s"] > 0
@@ -194,7 +188,7 @@ def test_recipes_report_pairs_the_fast_path_with_the_standard_recipe(tmp_path: P
                              "exact_match": f1 - 8, "train_seconds": seconds})  # fmt: skip
     path = tmp_path / "recipes.json"
     path.write_text(json.dumps({"config": "local.yaml", "overrides": [], "rows": rows}))
-    out = _bench("cpu_precision", "recipes-report", "--json", str(path))
+    out = bench_output("cpu_precision", "recipes-report", "--json", str(path))
     assert "| fast | fp32 | 3 | 51.50 ± 1.00 | 43.50 ± 1.00 | 100.0 |" in out
     assert "| standard | bf16 | 3 | 50.75 ± 1.00 | 42.75 ± 1.00 | 300.0 |" in out
     assert "- recipe fast - standard (precision fp32): paired F1 +0.50 [+0.50, +0.50], n = 3\n" in out
@@ -215,7 +209,7 @@ def test_masks_report_pairs_fast_masks_with_torchs_and_borrows_the_baseline(tmp_
     (tmp_path / "base.json").write_text(
         json.dumps({"config": "local.yaml", "cpu": {"cpu": "Other CPU"}, "rows": baseline})
     )
-    out = _bench(
+    out = bench_output(
         "cpu_precision", "masks-report", "--json", str(tmp_path / "masks.json"),
         "--baseline", str(tmp_path / "base.json"),
     )  # fmt: skip
@@ -226,102 +220,6 @@ def test_masks_report_pairs_fast_masks_with_torchs_and_borrows_the_baseline(tmp_
     assert borrowed in out
     assert "training time fast / torch, runs measured here, per seed: 42: 0.800; mean 0.800" in out
     assert "bf16" not in out  # the baseline's other arms are not this study's
-
-
-def test_squad2_report_pairs_each_table_on_the_seeds_its_models_share(tmp_path: Path) -> None:
-    """bench/squad2.py report: the v2 / v1.1-style table uses the seeds both ran, the precision
-    table the seeds both precisions ran (v2 has more than either), each paired difference per
-    seed; the F1 rule decides local_v2.yaml's default from best_f1 and F1 at the tuned threshold.
-    A report writes nothing."""
-
-    def row(model: str, seed: int, f1: float, best: float) -> dict:
-        scores = {"exact": f1 - 1, "f1": f1, "HasAns_exact": 10.0, "HasAns_f1": 12.0,
-                  "NoAns_exact": 80.0, "NoAns_f1": 80.0}  # fmt: skip
-        out = {"model": model, "seed": seed, "at_zero": {**scores, "f1": f1 - 8}, "at_tuned": scores,
-               "best_f1": best, "tuned_threshold": -2.0}  # fmt: skip
-        if model == "v2-bf16":
-            out["fp32_forward"] = {"at_zero": out["at_zero"], "at_tuned": scores, "best_f1": best}
-        return out
-
-    rows = [row("v2", s, 48.0 + i, 50.0) for i, s in enumerate((42, 43, 44, 45))]
-    rows += [row("v1.1-style", s, 45.0 + i, 50.5) for i, s in enumerate((42, 43, 44))]
-    rows += [
-        row("v2-bf16", s, 48.0 + i - shift, 50.1)
-        for i, (s, shift) in enumerate(((42, 0.5), (43, 3.0), (44, 0.0), (45, 0.5)))
-    ]  # noqa: E501
-    path = tmp_path / "squad2.json"
-    path.write_text(json.dumps({"config": "local_v2.yaml", "rows": rows}))
-    before = path.read_text()
-    out = _bench("squad2", "report", "--json", str(path))
-    assert path.read_text() == before
-    assert "seeds both models ran: 42, 43, 44\n" in out
-    row = "| F1 at the threshold tuned on Sky | 49.00 ± 1.00 (n=3) | 46.00 ± 1.00 (n=3) |"
-    assert f"{row} +3.00 [+3.00, +3.00] |" in out
-    assert "seeds both precisions ran: 42, 43, 44, 45\n" in out
-    assert "| -1.00 [-3.15, +1.15] | -0.50, -3.00, +0.00, -0.50 |" in out
-    assert (
-        "best_f1 on Victoria (the run's own validation set): PASS; F1 at the threshold tuned on Sky: FAIL"
-        in out
-    )  # noqa: E501
-    assert "-> keep fp32 as its default" in out
-    # Without seed 43 (and bf16 0.01 higher at the tuned threshold) the interval passes.
-    nudged = {"v2-bf16": 0.01}
-    rows = [{**r, "at_tuned": {**r["at_tuned"], "f1": r["at_tuned"]["f1"] + nudged.get(r["model"], 0.0)}}
-            for r in rows if r["seed"] != 43]  # fmt: skip
-    path.write_text(json.dumps({"config": "local_v2.yaml", "rows": rows}))
-    assert "-> precision: auto may pick bf16" in _bench("squad2", "report", "--json", str(path))
-
-
-def test_squad2_recipes_report_against_abstaining_and_the_three_epoch_recipe(tmp_path: Path) -> None:
-    """bench/squad2.py report on recipe arms: F1 at the Sky-tuned threshold against answering
-    nothing (49.80 on Victoria: its 123 of 247 unanswerable questions) and against v2-3ep, paired
-    seed by seed; training time as the mean per-seed ratio to v2-3ep's."""
-
-    def row(model: str, seed: int, f1: float, seconds: float) -> dict:
-        scores = {"exact": f1 - 1, "f1": f1, "HasAns_exact": 20.0, "HasAns_f1": 25.0,
-                  "NoAns_exact": 80.0, "NoAns_f1": 80.0}  # fmt: skip
-        return {"model": model, "seed": seed, "at_zero": {**scores, "f1": f1 - 8}, "at_tuned": scores,
-                "best_f1": f1 + 2, "tuned_threshold": -2.0, "train_seconds": seconds}  # fmt: skip
-
-    rows = [row("v2-3ep", 42, 44.0, 100.0), row("v2-3ep", 43, 46.0, 110.0)]
-    rows += [row("v2-6ep", 42, 54.0, 200.0), row("v2-6ep", 43, 58.0, 231.0)]
-    path = tmp_path / "squad2.json"
-    path.write_text(json.dumps({"config": "local_v2.yaml", "rows": rows}))
-    out = _bench("squad2", "report", "--json", str(path))
-    assert "answering nothing scores F1 49.80 on Victoria_(Australia); the goal: 54.80" in out
-    assert "| v2-3ep | 2 | 45.00 ± 1.41 | -4.80 [-17.50, +7.91] |" in out
-    # 6ep - abstaining: +4.20 and +8.20; 6ep - 3ep: +10 and +12; time ratios 2.00 and 2.10.
-    assert "| v2-6ep | 2 | 56.00 ± 2.83 | +6.20 [-19.21, +31.61] | 25.00 ± 0.00 | 80.00 ± 0.00 " in out
-    assert "| 58.00 ± 2.83 | +11.00 [-1.71, +23.71] | 216 | 2.05 |" in out
-
-
-def test_squad2_overhead_names_its_own_provenance_and_keeps_the_file_s(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """bench.squad2 overhead records its command, commit, date and machine in its own section and
-    leaves the file's -- the run that trained its rows -- as they were; its report gives each
-    step's extra time as a share of the forward passes."""
-    from bench import squad2
-
-    path = tmp_path / "squad2.json"
-    trained = {"command": "python3 -m bench.squad2 run --seeds 42", "commit": "abc", "date": "2026-01-01",
-               "machine": "AMD EPYC", "config": "local_v2.yaml", "rows": []}  # fmt: skip
-    path.write_text(json.dumps(trained))
-    timings = {"repeats": 5, "questions": 100, "windows": 120, "forward_s": 10.0,
-               "postprocess_s": {"before": 0.5, "after": 0.75, "after + files": 1.0},
-               "validation_after_vs_before": 1.02, "validation_with_files_vs_before": 1.05}  # fmt: skip
-    monkeypatch.setattr(squad2, "overhead", lambda args: timings)  # the timing itself trains a model
-    monkeypatch.setattr(sys, "argv", ["squad2", "overhead", "--json", str(path)])
-    assert squad2.main() == 0
-    data = json.loads(path.read_text())
-    assert {k: data[k] for k in trained} == trained
-    section = data["overhead"]
-    assert section["command"] == f"python3 -m bench.squad2 overhead --json {path}"
-    assert section["machine"] and section["date"] and section["commit"]
-    out = capsys.readouterr().out
-    assert "| + best_* and the tuned threshold | 0.750 | 0.250 | 2.50 % |" in out
-    assert "| + the three output files | 1.000 | 0.500 | 5.00 % |" in out
-    assert "1.020x its time before with best_* and the threshold, 1.050x with the output files too" in out
 
 
 def test_throughput_refuses_a_stride_as_wide_as_the_window() -> None:
@@ -393,3 +291,32 @@ def test_attention_backends_removes_the_model_it_built(monkeypatch: pytest.Monke
     with pytest.raises(KeyboardInterrupt):
         attention_backends.main()
     assert given and not given[0].exists()
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "radam"])
+def test_master_weights_rebuild_the_trials_optimizer_over_fp32_copies(optimizer: str) -> None:
+    """The ladder's master-weights rung: the trial's own optimizer, rebuilt over the fp32 copies
+    with its class and options (torch's AdamW keeps an option among its defaults that its
+    constructor does not take), steps those copies and rounds them into the bf16 model."""
+    import torch
+
+    from bench.common import MasterWeights
+    from extractive_qa.config.settings import Hyperparameters
+    from extractive_qa.trial import optimization
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+    hp = Hyperparameters(optimizer=optimizer)
+    built = optimization.build_optimizer(model, hp, 1e-2, torch.device("cpu"))
+    masters = MasterWeights(model)
+    rebuilt = masters.optimizer_over_masters(built)
+    assert type(rebuilt) is type(built)
+    assert [g["weight_decay"] for g in rebuilt.param_groups] == [hp.weight_decay, 0.0]
+    before = [p.clone() for p in masters.fp32]
+    loss = model(torch.ones(2, 4, dtype=torch.bfloat16)).float().square().sum()
+    loss.backward()
+    masters.take_gradients()
+    rebuilt.step()
+    masters.give_weights()
+    assert any(not torch.equal(a, b) for a, b in zip(before, masters.fp32, strict=True))
+    assert all(p.dtype == torch.bfloat16 for p in model.parameters())

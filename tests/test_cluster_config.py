@@ -83,7 +83,9 @@ def test_multi_machine_ships_the_radam_form_the_study_chose() -> None:
     from bench import lr_scaling, study
     from extractive_qa.trial.optimizer_recipes import radam_warning
 
-    rows = lr_scaling.with_epochs(study.load(ROOT / "bench" / "results" / "lr-scaling-epyc.json", {})["rows"])
+    rows = lr_scaling.with_epochs(
+        study.load(ROOT / "bench" / "results" / "unrecorded-provenance" / "lr-scaling-epyc.json", {})["rows"]
+    )
     first3 = tuple(int(s) for s in lr_scaling.SEEDS.split(","))[:3]
     ref = lr_scaling.reference_lr(rows, first3)
     rule = lr_scaling.best_rule(rows, ref, first3)

@@ -34,6 +34,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -205,10 +206,13 @@ def test_every_command_runs_as_typed_in_a_fresh_copy(workspace: Path, stores: li
     env = {**os.environ, **{k: v for store in stores for k, v in store.env.items()}}
 
     def run(line: str) -> subprocess.CompletedProcess:
-        return subprocess.run(
+        started = time.monotonic()
+        done = subprocess.run(
             ["bash", "-c", f". .venv/bin/activate && {line}"],
             cwd=workspace, capture_output=True, text=True, timeout=900, env=env,
         )  # fmt: skip
+        print(f"{time.monotonic() - started:6.1f} s  {line[:140]}")  # where the test's time goes (-s)
+        return done
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as beside:
         started = []

@@ -44,6 +44,8 @@ import torch
 from torch.nn import functional as F
 from torch.overrides import TorchFunctionMode
 
+from extractive_qa import compat
+
 RANGE = "dropout masks"  # the profiler label bench.cpu_step groups this module's time by
 BITS = 16  # per draw: p is rounded to a multiple of 2^-16
 SPLIT = 1 << 16  # a mask of at least this many elements draws its two halves on two threads
@@ -163,7 +165,7 @@ def attention(
 
 
 def compute_dtype(query: torch.Tensor) -> torch.dtype:
-    return torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else query.dtype
+    return compat.cpu_autocast_dtype() or query.dtype
 
 
 def additive_mask(

@@ -104,6 +104,13 @@ def completed(args: list[str], cwd: Path | None = None) -> Any:
     return subprocess.CompletedProcess(args, code, out, err)
 
 
+def bench_output(script: str, *args: str) -> str:
+    """`python3 -m bench.SCRIPT ARGS` in-process, required to succeed: its stdout."""
+    done = completed(["-m", f"bench.{script.removesuffix('.py')}", *args])
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
 def run_cli(args: list[str], cwd: Path | None = None) -> dict[str, Any]:
     """run_main, required to succeed: the command's last stdout line, parsed as JSON. A non-zero
     exit fails the test with the command's stderr."""
