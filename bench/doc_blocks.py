@@ -502,12 +502,12 @@ def paired_text(diff: dict[str, Any] | None) -> str:
     return f"{study.fmt_diff(diff)} ({verdict(diff)})" if diff else "-"
 
 
-def masks_row() -> list[str]:
-    name = "cpu-masks-epyc-zen5.json"
+def paired_row(what: str, name: str, factor: str, level: str, baseline: str) -> list[str]:
+    """A paired-seed study's row: `level` against `baseline` of `factor`, F1 and training time."""
     return [
-        "the fast dropout masks against torch's, bf16 on a CPU, paired F1; training time",
-        f"{paired_text(study_diff(name, 'masks', 'fast', 'torch'))}; training time "
-        f"{ratio_text(name, 'masks', 'fast', 'torch')}",
+        f"{what}, paired F1; training time",
+        f"{paired_text(study_diff(name, factor, level, baseline))}; training time "
+        f"{ratio_text(name, factor, level, baseline)}",
         measured_on(Results(name)),
         "[below](#bf16-on-the-cpu)",
     ]
@@ -524,17 +524,6 @@ def step_row() -> list[str]:
         "standard recipe's sequences/s",
         measured_on(results),
         "[below](#the-training-step-against-its-bound)",
-    ]
-
-
-def precision_row() -> list[str]:
-    name = "cpu-precision-epyc-fast-masks.json"
-    return [
-        "bf16 against fp32 on a CPU, paired F1; training time",
-        f"{paired_text(study_diff(name, 'precision', 'bf16', 'fp32'))}; training time "
-        f"{ratio_text(name, 'precision', 'bf16', 'fp32')}",
-        measured_on(Results(name)),
-        "[below](#bf16-on-the-cpu)",
     ]
 
 
@@ -563,7 +552,21 @@ def features_row() -> list[str]:
 
 @block("results-in-brief")
 def results_in_brief() -> str:
-    rows = [precision_row(), masks_row(), step_row(), runtime_row(), features_row()]
+    rows = [
+        paired_row(
+            "bf16 against fp32 on a CPU", "cpu-precision-epyc-fast-masks.json", "precision", "bf16", "fp32"
+        ),
+        paired_row(
+            "the fast dropout masks against torch's, bf16 on a CPU",
+            "cpu-masks-epyc-zen5.json",
+            "masks",
+            "fast",
+            "torch",
+        ),
+        step_row(),
+        runtime_row(),
+        features_row(),
+    ]
     return table(["what", "result", "machine, date", "details"], rows)
 
 
