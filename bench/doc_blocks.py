@@ -146,17 +146,14 @@ def ci_files(name: str, shown: str = "12") -> str:
     """The CI run's budget line and its slowest test files, from the same file as ci-time: each
     suite's seconds per file (the `seconds per test file` lines pytest prints), the main suite's
     and the compat suite's side by side."""
-    from bench.results_files import RESULTS, machine_label
+    from bench.results_files import RESULTS, ci_seconds_per_file, machine_label
     from extractive_qa.io import reading
 
-    header, _, body = reading.read_text(RESULTS / name, reading.RECORD).partition("\n\n")
+    text = reading.read_text(RESULTS / name, reading.RECORD)
+    header = text.partition("\n\n")[0]
     fields = dict(line.split(": ", 1) for line in header.splitlines() if ": " in line)
     seconds = float(dict(part.split("=") for part in fields["result"].split())["seconds"])
-    suites: list[dict[str, float]] = []
-    for part in body.split("\n== ")[0:]:
-        files = {m[2]: float(m[1]) for m in re.finditer(r"^\s*([\d.]+)\s+(tests/\S+\.py)$", part, re.M)}
-        if files:
-            suites.append(files)
+    suites = ci_seconds_per_file(text)
     main, compat = suites[0], (suites[1] if len(suites) > 1 else {})
     slowest = sorted(main, key=lambda f: -(main[f] + compat.get(f, 0.0)))[: int(shown)]
     rows = [[f"`{f}`", num(main[f], 1), num(compat[f], 1) if f in compat else "-"] for f in slowest]

@@ -304,8 +304,10 @@ def free_claims(text: str, machines: set[str], derived: dict[str, str]) -> list[
     # A shipped YAML's rate typed on a line that speaks of the YAMLs (as text or as code); the same
     # figure in a citation of a paper's or another project's recipe is theirs, not a setting here.
     spans = prose_with_code(text)
+    # Anchored at the line's start: unanchored, each position of a line began a scan to its end.
+    lines = list(re.finditer(r"^[^\n]*?(?:\.yaml\b|\bYAMLs?\b|\bshipped\b)[^\n]*", spans, re.M))
     for pattern, source in shipped_rates().items():
-        for line in re.finditer(r"[^\n]*(?:\.yaml\b|\bYAMLs?\b|\bshipped\b)[^\n]*", spans):
+        for line in lines:
             for m in re.finditer(rf"(?<![\w.,/-])(?:{pattern})(?![\w/]|[.,]\d)", line.group()):
                 what = f"is a setting of {source}: give it from the dry run's block"
                 found.append((line.start() + m.start(), f"{m.group()!r} {what}"))

@@ -102,6 +102,17 @@ def version_problems(record: dict[str, Any], machine: str) -> list[str]:
     return [f"versions without {', '.join(missing)}"] if missing else []
 
 
+def ci_seconds_per_file(text: str) -> list[dict[str, float]]:
+    """Each suite's seconds per test file in a `bench.ci_fresh_clone` results file (the lines
+    `tests/conftest.py` prints after a run), the main suite's first."""
+    suites = []
+    for part in text.partition("\n\n")[2].split("\n== "):
+        files = {m[2]: float(m[1]) for m in re.finditer(r"^\s*([\d.]+)\s+(tests/\S+\.py)$", part, re.M)}
+        if files:
+            suites.append(files)
+    return suites
+
+
 def path_of(name: str) -> Path:
     """A file of bench/results by its name, or another of the project's results by its path
     (docs/multi-machine/report.json, which a study writes beside its plot)."""

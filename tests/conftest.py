@@ -16,6 +16,36 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Each xdist worker, and every process it starts (they inherit the variables), computes on its
+    share of the cores. torch's OpenMP threads spin while they wait for work: two workers each
+    running as many threads as the machine has cores spin against each other, and four test files
+    took 1.8x as long. Set here, before any test module imports torch, so its thread pool takes it."""
+    if not hasattr(config, "workerinput") and config.getoption("numprocesses", None):
+        return  # xdist's controller: it computes nothing, and its workers inherit its environment
+    workers = getattr(config, "workerinput", {}).get("workercount", 1)
+    share = max(1, len(os.sched_getaffinity(0)) // workers)
+    for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(variable, str(share))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The longest test files first, each by its seconds in the committed CI measurements
+    (bench/results/ci-fresh-clone-*.txt; a file none of them names counts as the longest), each
+    file's tests in their own order. `--dist loadfile --no-loadscope-reorder` hands the workers
+    whole files in this order, so no long file starts while the other worker is running out of
+    work (xdist's own order, by test count, left one worker alone for the last ~70 s)."""
+    from bench.results_files import RESULTS, ci_seconds_per_file
+    from extractive_qa.io import reading
+
+    measured: dict[str, float] = {}
+    for path in sorted(RESULTS.glob("ci-fresh-clone-*.txt")):
+        for suite in ci_seconds_per_file(reading.read_text(path, reading.RECORD))[:1]:
+            for name, seconds in suite.items():
+                measured[name] = max(seconds, measured.get(name, 0.0))
+    items.sort(key=lambda item: -measured.get(item.nodeid.split("::")[0], float("inf")))
+
+
 @pytest.fixture(scope="session")
 def tokenizer() -> Any:
 
