@@ -15,7 +15,6 @@ model, one GPU -- so a page's blocks are read in one place.
 from __future__ import annotations
 
 import functools
-import re
 import statistics
 from collections.abc import Callable
 from pathlib import Path
