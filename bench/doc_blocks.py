@@ -15,6 +15,7 @@ model, one GPU -- so a page's blocks are read in one place.
 from __future__ import annotations
 
 import functools
+import re
 import statistics
 from collections.abc import Callable
 from pathlib import Path
@@ -157,9 +158,20 @@ def ci_files(name: str, shown: str = "12") -> str:
     slowest = sorted(main, key=lambda f: -(main[f] + compat.get(f, 0.0)))[: int(shown)]
     rows = [[f"`{f}`", num(main[f], 1), num(compat[f], 1) if f in compat else "-"] for f in slowest]
     verdict = "within" if seconds <= CI_BUDGET_S else "over"
+    startup = re.search(
+        r"^start-up: ([\d,]+) Python processes .*? lived ([\d,]+) s in all; [\d,]+ s of it \((\d+) %\)",
+        text.partition("\n== .ci/compat")[0], re.M,
+    )  # fmt: skip
+    spent = (
+        f"; the {startup[1]} Python processes the main suite started spent {startup[3]} % of their "
+        f"{startup[2]} s starting (the interpreter, and the first import of torch, transformers and "
+        "determined)"
+        if startup
+        else ""
+    )
     line = (
         f"{num(seconds, 0)} s in all, {verdict} the {CI_BUDGET_S:,} s budget "
-        f"({machine_label(fields['machine'])}, {fields['date']}); the slowest test files:"
+        f"({machine_label(fields['machine'])}, {fields['date']}){spent}; the slowest test files:"
     )
     return line + "\n\n" + table(["test file", "main suite, s", "compat suite, s"], rows)
 

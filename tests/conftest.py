@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +22,12 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 def pytest_configure(config: pytest.Config) -> None:
     """Each xdist worker, and every process it starts (they inherit the variables), computes on its
     share of the cores. torch's OpenMP threads spin while they wait for work: two workers each
-    running as many threads as the machine has cores spin against each other, and four test files
-    took 1.8x as long. Set here, before any test module imports torch, so its thread pool takes it."""
+    running as many threads as the machine has cores spin against each other (docs/development.md,
+    Where CI's time goes). Set here, before any test module imports torch, so its pool takes it."""
+    if not hasattr(config, "workerinput"):  # the run's first process: its workers inherit its env
+        _log_startup()
     if not hasattr(config, "workerinput") and config.getoption("numprocesses", None):
-        return  # xdist's controller: it computes nothing, and its workers inherit its environment
+        return  # xdist's controller: it computes nothing
     workers = getattr(config, "workerinput", {}).get("workercount", 1)
     share = max(1, len(os.sched_getaffinity(0)) // workers)
     for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -121,6 +126,34 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     _SECONDS_PER_FILE[path] = _SECONDS_PER_FILE.get(path, 0.0) + report.duration
 
 
+def _log_startup() -> None:
+    """Every Python process the tests start logs its life and start-up at exit
+    (tests/support/startup/sitecustomize.py, first on the inherited PYTHONPATH)."""
+    handle, log = tempfile.mkstemp(prefix="suite-startup-", suffix=".jsonl")
+    os.close(handle)
+    os.environ["SUITE_STARTUP_LOG"] = log
+    startup = str(Path(__file__).parent / "support" / "startup")
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [startup, os.environ.get("PYTHONPATH")]))
+
+
+def startup_share(log: Path) -> str:
+    """One line: how many Python processes the tests started, how long they lived in all, and how
+    much of that was start-up (the interpreter's own and the first import of torch, transformers
+    and determined)."""
+    records = []
+    for line in log.read_text().splitlines():
+        with contextlib.suppress(ValueError):
+            records.append(json.loads(line))
+    lived = sum(r["lived_s"] for r in records)
+    startup = sum(r["startup_s"] for r in records)
+    share = f"{100 * startup / lived:.0f} %" if lived else "-"
+    return (
+        f"start-up: {len(records)} Python processes the tests started lived {lived:,.0f} s in all; "
+        f"{startup:,.0f} s of it ({share}) was start-up (the interpreter, and the first import of "
+        "torch, transformers and determined)"
+    )
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     if not _SECONDS_PER_FILE:
         return
@@ -129,3 +162,12 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     for path, seconds in ranked:
         terminalreporter.write_line(f"{seconds:8.1f}  {path}")
     terminalreporter.write_line(f"{sum(_SECONDS_PER_FILE.values()):8.1f}  in all")
+    log = os.environ.get("SUITE_STARTUP_LOG")
+    if log and Path(log).is_file():
+        terminalreporter.write_line(startup_share(Path(log)))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    log = os.environ.get("SUITE_STARTUP_LOG")
+    if log and not hasattr(config, "workerinput"):
+        Path(log).unlink(missing_ok=True)
