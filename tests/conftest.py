@@ -20,15 +20,19 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Each xdist worker, and every process it starts (they inherit the variables), computes on its
-    share of the cores. torch's OpenMP threads spin while they wait for work: two workers each
-    running as many threads as the machine has cores spin against each other (docs/development.md,
-    Where CI's time goes). Set here, before any test module imports torch, so its pool takes it."""
-    if not hasattr(config, "workerinput"):  # the run's first process: its workers inherit its env
+    """The run's first process (xdist's controller, or the only one with -n 0) sets up the
+    start-up log that every process the tests start writes to (`_log_startup`); its workers
+    inherit its environment. Each process that runs tests, and every process it starts, computes
+    on its share of the cores: torch's OpenMP threads spin while they wait for work, so two
+    workers each running as many threads as the machine has cores spin against each other
+    (docs/development.md, Where CI's time goes). Set before any test module imports torch."""
+    if hasattr(config, "workerinput"):
+        workers = config.workerinput["workercount"]
+    else:
         _log_startup()
-    if not hasattr(config, "workerinput") and config.getoption("numprocesses", None):
-        return  # xdist's controller: it computes nothing
-    workers = getattr(config, "workerinput", {}).get("workercount", 1)
+        if config.getoption("numprocesses", None):
+            return  # xdist's controller: it runs no test, and must not fix its workers' share
+        workers = 1
     share = max(1, len(os.sched_getaffinity(0)) // workers)
     for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(variable, str(share))
